@@ -1,0 +1,26 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/longpack compare --workload lmsys-chat-1m --model qwen2.5-0.5b --hardware h100 \
+	  --dp 4 --cp 8 --global-batch 256 --steps 8 \
+	  --planners fixed_cp,sorted,isf,random_padded,one_seq --baseline fixed_cp
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,195 @@
+"""The ``longpack`` command line: each subcommand parses flags, calls one job in :mod:`longpack.jobs`, prints.
+
+Errors a user can cause (bad flags, bad files, impossible layouts) print one line ``longpack: error: ...`` and
+exit with code 2; nothing else is caught, so a bug still shows its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from . import jobs
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan, simulate and compare packing/balancing schedules for long-context SFT.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of longpack itself.")
+app.add_typer(bench_app, name="bench")
+
+Workload = Annotated[str | None, typer.Option(help="Built-in workload name (see `longpack stats --help`).")]
+Lengths = Annotated[str | None, typer.Option("--lengths", help="File of lengths: .txt (one per line), .npy, "
+                                             ".jsonl or .parquet with a length column, or a save_to_disk folder.")]
+Column = Annotated[str, typer.Option(help="Length column in JSONL/Parquet/HF data.")]
+Tokenizer = Annotated[str | None, typer.Option(help="Local HF tokenizer folder, to count tokens of a text column.")]
+Samples = Annotated[int | None, typer.Option(help="Samples to draw from a built-in workload (default: its size).")]
+Model = Annotated[str, typer.Option(help="Model preset, e.g. qwen2.5-0.5b, qwen2.5-7b, llama3.1-8b.")]
+Hardware = Annotated[str, typer.Option(help="Hardware preset (h100, h200, a100, cpu) or a HardwareSpec .json.")]
+Dp = Annotated[int, typer.Option(help="Data-parallel degree.")]
+Cp = Annotated[int, typer.Option(help="Context-parallel degree.")]
+Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (a replica spans tp*pp*cp GPUs).")]
+Pp = Annotated[int, typer.Option(help="Pipeline-parallel degree.")]
+World = Annotated[int | None, typer.Option(help="Total GPUs; checked against dp*tp*pp*cp.")]
+Zero = Annotated[int, typer.Option(help="ZeRO stage (0-3) for static memory.")]
+Ckpt = Annotated[int, typer.Option(help="Checkpointed (recomputed) layers per stage.")]
+Bucket = Annotated[int | None, typer.Option(help="Token cap per rank per micro-batch; default from memory model.")]
+GlobalBatch = Annotated[int, typer.Option(help="Sequences per optimizer step.")]
+Steps = Annotated[int | None, typer.Option(help="Plan only the first N optimizer steps (default: a full epoch).")]
+Seed = Annotated[int, typer.Option(help="Seed of the workload and of the global-batch sampler.")]
+MaxLen = Annotated[int | None, typer.Option(help="Samples longer than this follow --overlong (lmsys: 128K).")]
+Overlong = Annotated[str, typer.Option(help="Over-long samples: split (chain of pieces), truncate, drop, error.")]
+PackLen = Annotated[int | None, typer.Option(help="Pack length for isf/ffd/bfd/spfhp (default: the limit).")]
+MicroBatchSize = Annotated[int | None, typer.Option(help="Max rows of padded micro-batches (default 8; 0: as many "
+                                                 "as the token cap allows).")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+
+
+def _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world, zero_stage,
+            ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len, micro_batch_size):
+    options: dict[str, Any] = {}
+    if pack_len is not None:
+        options["pack_len"] = pack_len
+    if micro_batch_size is not None:
+        options["micro_batch_size"] = micro_batch_size
+    return jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, tokenizer=tokenizer, samples=samples,
+                        model=model, hardware=hardware, dp=dp, cp=cp, tp=tp, pp=pp, world=world,
+                        zero_stage=zero_stage, ckpt_layers=ckpt_layers, bucket_size=bucket_size,
+                        global_batch=global_batch, steps=steps, seed=seed, max_len=max_len, overlong=overlong,
+                        options=options)
+
+
+@app.command()
+def stats(workload: Workload = None, lengths: Lengths = None, column: Column = "length",
+          tokenizer: Tokenizer = None, samples: Samples = None, seed: Seed = 0, json_out: Json = False) -> None:
+    """Length histogram and quantiles of a workload or a file."""
+    from .workloads import WORKLOADS
+
+    spec = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, tokenizer=tokenizer,
+                        samples=samples, seed=seed)
+    if workload is None and lengths is None:
+        raise ValueError("give --workload NAME or --lengths FILE; workloads: " + ", ".join(WORKLOADS))
+    data = jobs.length_stats(jobs.load_workload(spec)[0])
+    if json_out:
+        print(json.dumps(data))
+        return
+    from .report.tables import stats_table
+
+    stats_table(data, workload or lengths or "")
+
+
+@app.command()
+def plan(planner: Annotated[str, typer.Option(help="Planner name.")] = "fixed_cp",
+         out: Annotated[Path | None, typer.Option(help="Write the Plan JSON here (default: stdout).")] = None,
+         workload: Workload = None, lengths: Lengths = None, column: Column = "length", tokenizer: Tokenizer = None,
+         samples: Samples = None, model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1,
+         cp: Cp = 1, tp: Tp = 1, pp: Pp = 1, world: World = None, zero_stage: Zero = 2, ckpt_layers: Ckpt = 0,
+         bucket_size: Bucket = None, global_batch: GlobalBatch = 256, steps: Steps = None, seed: Seed = 0,
+         max_len: MaxLen = None, overlong: Overlong = "split", pack_len: PackLen = None,
+         micro_batch_size: MicroBatchSize = None) -> None:
+    """Plan the workload with one planner and write the validated Plan JSON."""
+    spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
+                   zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
+                   micro_batch_size)
+    data, default_max_len = jobs.load_workload(spec)
+    cost = jobs.build_cost(spec)
+    result, seconds = jobs.run_plan(planner, data, spec, cost, default_max_len)
+    text = result.to_json()
+    if out is None:
+        print(text)
+    else:
+        out.write_text(text)
+        ov = result.meta["overlong"]
+        print(f"wrote {out}: {len(result.steps)} steps, {len(result.lengths)} samples, planned in {seconds:.3f} s; "
+              f"over-long: {ov['split']} split, {ov['truncated']} truncated, {ov['dropped']} dropped",
+              file=sys.stderr)
+
+
+@app.command()
+def simulate(plan_file: Annotated[Path, typer.Argument(help="A Plan JSON written by `longpack plan`.")],
+             model: Annotated[str | None, typer.Option(help="Model preset (default: the plan's).")] = None,
+             hardware: Annotated[str | None, typer.Option(help="Hardware (default: the plan's).")] = None,
+             dp: Annotated[int | None, typer.Option(help="Checked against the plan.")] = None,
+             cp: Annotated[int | None, typer.Option(help="Checked against the plan.")] = None,
+             json_out: Json = False) -> None:
+    """Simulate a Plan JSON: step time, efficiency, balance metrics and memory."""
+    from .plan import Plan
+
+    if not plan_file.is_file():
+        raise ValueError(f"plan file {plan_file}: no such file")
+    p = Plan.from_json(plan_file.read_text())
+    p.validate()
+    meta = p.meta
+    for flag, value, planned in (("--dp", dp, meta.get("dp")), ("--cp", cp, meta.get("cp"))):
+        if value is not None and value != planned:
+            raise ValueError(f"{flag} {value} does not match the plan's {planned} (dp x cp must equal its world "
+                             f"{p.world})")
+    spec = jobs.RunSpec(model=model or meta.get("model", "qwen2.5-0.5b"), hardware=hardware or meta.get("hardware",
+                        "h100"), dp=meta.get("dp", p.world), cp=meta.get("cp", 1), tp=meta.get("tp", 1),
+                        pp=meta.get("pp", 1), ckpt_layers=meta.get("ckpt_layers", 0),
+                        bucket_size=meta.get("token_cap"))
+    result = jobs.summarize(p, jobs.build_cost(spec))
+    if json_out:
+        print(json.dumps(result))
+        return
+    from .report.tables import compare_table
+
+    compare_table({"setup": spec.describe(), "baseline": p.planner, "samples": meta.get("overlong", {}),
+                   "planners": {p.planner: result | {"speedup": 1.0, "plan_seconds": float("nan")}}})
+
+
+@app.command()
+def compare(planners: Annotated[str, typer.Option(help="Comma-separated planner names.")] =
+            "fixed_cp,sorted,isf,random_padded,one_seq",
+            baseline: Annotated[str, typer.Option(help="Planner the speedups are relative to.")] = "fixed_cp",
+            workload: Workload = None, lengths: Lengths = None, column: Column = "length",
+            tokenizer: Tokenizer = None, samples: Samples = None, model: Model = "qwen2.5-0.5b",
+            hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1, pp: Pp = 1, world: World = None,
+            zero_stage: Zero = 2, ckpt_layers: Ckpt = 0, bucket_size: Bucket = None,
+            global_batch: GlobalBatch = 256, steps: Steps = None, seed: Seed = 0, max_len: MaxLen = None,
+            overlong: Overlong = "split", pack_len: PackLen = None, micro_batch_size: MicroBatchSize = None,
+            json_out: Json = False) -> None:
+    """Several planners on the same global batches: simulated step time, speedup, efficiency, balance, memory."""
+    spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
+                   zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
+                   micro_batch_size)
+    names = [n.strip() for n in planners.split(",") if n.strip()]
+    result = jobs.compare(spec, names, baseline)
+    if json_out:
+        print(json.dumps(result))
+        return
+    from .report.tables import compare_table
+
+    compare_table(result)
+
+
+@bench_app.command("planning")
+def bench_planning(planner: Annotated[str, typer.Option(help="Planner name.")] = "fixed_cp",
+                   workload: Workload = "lmsys-chat-1m", samples: Samples = 1_000_000,
+                   model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 4, cp: Cp = 8,
+                   global_batch: GlobalBatch = 256, seed: Seed = 0, json_out: Json = False) -> None:
+    """Time and peak memory of planning a full epoch of a workload."""
+    spec = jobs.RunSpec(workload=workload, samples=samples, model=model, hardware=hardware, dp=dp, cp=cp,
+                        global_batch=global_batch, seed=seed)
+    result = jobs.bench_planning(planner, spec)
+    if json_out:
+        print(json.dumps({"seconds": result["seconds"], "peak_mib": result["peak_mib"]} | result))
+        return
+    print(f"{planner}: {result['samples']} samples planned in {result['seconds']:.3f} s, "
+          f"peak {result['peak_mib']:.1f} MiB")
+
+
+def main() -> None:
+    """Entry point: run the app; user errors become one line and exit code 2."""
+    try:
+        app()
+    except (ValueError, OSError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"longpack: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

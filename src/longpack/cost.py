@@ -1,0 +1,233 @@
+"""Cost model: seconds and bytes of a packed micro-batch on one rank, shared by planners, simulator and bounds.
+
+Compute (per rank, per micro-batch, forward + backward). For a rank holding ``n`` tokens in one micro-batch and
+attention work of ``pairs`` (query, key) pairs split into blocks of ``q`` queries:
+
+    t_linear = n · (L·F_lin + F_head) · (3 + k/L) / (peak · mfu_gemm · n/(n + n_half))
+    t_attn   = Σ_blocks pairs · L · F_pair · (1 + bwd + k/L) / (peak · mfu_attn · q/(q + q_half))
+    t_fixed  = L · layer_overhead
+
+* ``F_lin`` / ``F_pair`` / ``F_head`` come from :class:`~longpack.model.ModelSpec`; 3 = forward + backward
+  (backward is two GEMMs per forward GEMM); ``bwd`` = 2.5 for FlashAttention, whose backward recomputes the
+  scores; ``k`` checkpointed layers of ``L`` add one more forward each.
+* Attention pairs of a piece covering tokens [a, b) of its document: ``causal · (b² − a²)`` where the causal
+  factor 0.5 (explicit, :attr:`TrainConfig.causal_factor`) says a kernel skips the masked half. A whole document
+  of length s costs ``causal · s²``; a packed micro-batch costs **Σ s_i², never (Σ s_i)²**, since documents never
+  attend to each other (PAPERS.md §1, HBP App. D). A chunk [a, b) attends to all earlier K/V, hence b² − a².
+* Efficiency falls for small work (PAPERS.md §2.1, Fig. 1b): a sequence sharded over N ranks with a zigzag split
+  gives each rank blocks of q = s/(2N) queries, which run at q/(q + q_half) of peak attention speed.
+
+Memory (per rank): ``static + fragmentation · α(k) · tokens + reserve (+ stored K/V of chunk chains)``.
+``static`` = bf16 weights + bf16 grads + fp32 master/Adam moments (2 + 2 + 12 bytes/param) sharded by ZeRO stage
+over the dp·cp group; ``α(k)`` = bytes per token of activations with k checkpointed layers; the token cap
+(BucketSize, PAPERS.md §2.3) is the largest token count that fits.
+
+Communication: a sharded sequence's K/V is all-gathered over the CP group in forward, again in backward (and in
+recompute), and its gradient reduce-scattered, per layer; each collective costs
+``HardwareSpec.collective_s`` (piecewise with a latency floor). Gradients are all-reduced once per step over the
+dp·cp ranks that share parameters.
+
+Cost of evaluation: O(1) per (micro-batch, rank) with O(pieces) for the attention sum; everything vectorises.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hardware import HardwareSpec
+from .model import ModelSpec
+
+__all__ = ["TrainConfig", "CostModel", "attention_pairs"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Parallel layout and numerics of a run. A model replica spans tp·pp·cp GPUs; world = dp·tp·pp·cp."""
+
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero_stage: int = 2
+    ckpt_layers: int = 0
+    act_bytes: int = 2
+    logits_bytes: int = 4
+    causal_factor: float = 0.5
+    attn_bwd_factor: float = 2.5
+    token_cap: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "cp", "tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name} {value!r}: must be a positive integer")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={self.zero_stage}: must be 0, 1, 2 or 3")
+        if self.ckpt_layers < 0:
+            raise ValueError(f"ckpt_layers={self.ckpt_layers}: must be >= 0")
+        if not 0 < self.causal_factor <= 1:
+            raise ValueError(f"causal_factor={self.causal_factor}: must be in (0, 1]")
+        if self.token_cap is not None and self.token_cap < 1:
+            raise ValueError(f"token_cap={self.token_cap}: must be >= 1")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+def attention_pairs(start: np.ndarray | int, stop: np.ndarray | int, causal: float = 0.5) -> np.ndarray | float:
+    """(query, key) pairs of a piece [start, stop) of a causal document: ``causal · (stop² − start²)``.
+
+    >>> attention_pairs(0, 4, 1.0) + attention_pairs(0, 4, 1.0)      # two documents of 4: 2 · 4², not 8²
+    32.0
+    """
+    start = np.asarray(start, dtype=np.float64)
+    stop = np.asarray(stop, dtype=np.float64)
+    out = causal * (stop * stop - start * start)
+    return float(out) if out.ndim == 0 else out
+
+
+class CostModel:
+    """Time and memory of micro-batches for one (model, hardware, config); see the module docstring."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, config: TrainConfig) -> None:
+        if model.layers % config.pp:
+            raise ValueError(f"--pp {config.pp}: must divide the model's {model.layers} layers")
+        self.model, self.hw, self.cfg = model, hardware, config
+        self.layers = model.layers // config.pp  # layers per pipeline stage
+        tp = config.tp
+        self._lin_per_token = (self.layers * model.linear_flops_per_token + model.head_flops_per_token) / tp
+        self._gemm_rate = hardware.peak_flops * hardware.mfu_gemm
+        self._attn_per_pair = self.layers * model.attn_flops_per_pair / tp
+        self._attn_rate = hardware.peak_flops * hardware.mfu_attn
+        self._kv_bytes_per_token = model.kv_width * config.act_bytes / tp
+
+    # --- compute --------------------------------------------------------------------------------------------
+    def linear_s(self, tokens: float | np.ndarray, ckpt_layers: int | None = None, *,
+                 ideal: bool = False) -> float | np.ndarray:
+        """Projections, MLP and LM head for ``tokens`` on one rank, forward + backward (+ recompute).
+        ``ideal`` drops the small-work efficiency loss (used by lower bounds)."""
+        k = self._k(ckpt_layers)
+        n = np.asarray(tokens, dtype=np.float64)
+        passes = 3.0 + k / self.layers
+        half = 0.0 if ideal else self.hw.gemm_half_tokens
+        # n/(n+half) efficiency: time = flops·(n + half)/n/rate, so a rank pays for `half` extra tokens.
+        out = np.where(n > 0, (n + half) * self._lin_per_token * passes / self._gemm_rate, 0.0)
+        return float(out) if out.ndim == 0 else out
+
+    def attn_s(self, pairs: float | np.ndarray, q_len: float | np.ndarray,
+               ckpt_layers: int | None = None) -> float | np.ndarray:
+        """Attention of blocks with ``pairs`` (query, key) pairs and ``q_len`` queries each (elementwise)."""
+        k = self._k(ckpt_layers)
+        p = np.asarray(pairs, dtype=np.float64)
+        q = np.maximum(np.asarray(q_len, dtype=np.float64), 1e-9)
+        passes = 1.0 + self.cfg.attn_bwd_factor + k / self.layers
+        out = p * self._attn_per_pair * passes * (q + self.hw.attn_half_len) / q / self._attn_rate
+        return float(out) if out.ndim == 0 else out
+
+    @property
+    def fixed_s(self) -> float:
+        """Kernel-launch cost of one micro-batch on one rank (forward + backward)."""
+        return self.layers * self.hw.layer_overhead_s
+
+    def sequence_s(self, length: float, *, sharded: bool = False) -> float:
+        """Compute seconds of one whole sequence alone in a micro-batch: local on one rank, or one rank's share
+        when zigzag-sharded over the CP group (communication not included)."""
+        cp = self.cfg.cp if sharded else 1
+        pairs = attention_pairs(0, length, self.cfg.causal_factor) / cp
+        q = length / (2 * cp) if sharded else length
+        return self.linear_s(length / cp) + self.attn_s(pairs, q) + self.fixed_s
+
+    # --- communication --------------------------------------------------------------------------------------
+    def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None) -> float:
+        """K/V exchange for ``sharded_tokens`` tokens sharded over the CP group in one micro-batch: per layer an
+        all-gather forward, an all-gather and a reduce-scatter backward, one more all-gather per recomputed layer."""
+        cp = self.cfg.cp
+        if cp <= 1 or sharded_tokens <= 0:
+            return 0.0
+        k = self._k(ckpt_layers)
+        nbytes = sharded_tokens * self._kv_bytes_per_token
+        group = cp * self.cfg.tp
+        ag = self.hw.collective_s("all_gather", nbytes, group=group)
+        rs = self.hw.collective_s("reduce_scatter", nbytes, group=group)
+        return self.layers * (2 * ag + rs) + k * ag
+
+    def grad_allreduce_s(self) -> float:
+        """Gradient all-reduce over the dp·cp ranks holding the same parameter shard (once per step)."""
+        group = self.cfg.dp * self.cfg.cp
+        nbytes = self.stage_params * 2  # bf16 gradients
+        span = group * self.cfg.tp * self.cfg.pp
+        return self.hw.collective_s("all_reduce", nbytes, group=span if group > 1 else 1)
+
+    # --- memory ---------------------------------------------------------------------------------------------
+    @property
+    def stage_params(self) -> float:
+        """Parameters held by one GPU before ZeRO sharding (its tp slice of its pp stage)."""
+        m = self.model
+        return (self.layers * m.layer_params() + m.embedding_params) / self.cfg.tp
+
+    @property
+    def static_bytes(self) -> float:
+        """Weights (2 B), gradients (2 B) and fp32 master + Adam moments (12 B) per parameter, ZeRO-sharded."""
+        p, n, z = self.stage_params, self.cfg.dp * self.cfg.cp, self.cfg.zero_stage
+        weights, grads, optim = 2 * p, 2 * p, 12 * p
+        if z >= 1:
+            optim /= n
+        if z >= 2:
+            grads /= n
+        if z >= 3:
+            weights /= n
+        return weights + grads + optim
+
+    def act_bytes_per_token(self, ckpt_layers: int | None = None) -> float:
+        """Activation bytes per token held for backward, with ``k`` of the stage's layers checkpointed.
+
+        A full layer keeps (bf16): its two norm inputs and outputs feeding GEMMs (~3h), Q and the attention output
+        (2·q_width), K and V, the MLP's gate/up outputs and their product (3·ffn, 2·ffn ungated), plus fp32
+        softmax statistics per head; a checkpointed layer keeps only its input (h) and one layer is re-expanded
+        at a time during backward. The LM head keeps fp32 logits for the loss. Under 1F1B the first stage holds
+        pp micro-batches of L/pp layers, i.e. L layers' worth, hence ``model.layers`` below.
+        """
+        m, k, b = self.model, self._k(ckpt_layers), self.cfg.act_bytes
+        mlp_width = (m.top_k + m.shared_experts) * m.moe_ffn if m.experts else m.ffn
+        kv = m.kv_width
+        full = b * (3 * m.hidden + 2 * m.q_width + kv + (3 if m.gated_mlp else 2) * mlp_width) + 4 * m.heads
+        frac = k / self.layers
+        layers = m.layers
+        per_token = layers * ((1 - frac) * full + frac * b * m.hidden) + (full if k else 0.0)
+        logits = m.vocab * self.cfg.logits_bytes
+        return (per_token + logits) / self.cfg.tp
+
+    def kv_store_bytes(self, prefix_tokens: float) -> float:
+        """K/V kept for ``prefix_tokens`` earlier tokens of a chunk chain (ChunkFlow's state store), all layers."""
+        return prefix_tokens * self._kv_bytes_per_token * self.model.layers
+
+    def memory_bytes(self, tokens: float, ckpt_layers: int | None = None, prefix_tokens: float = 0.0) -> float:
+        """Peak bytes of one rank holding ``tokens`` tokens of activations."""
+        act = self.hw.fragmentation * self.act_bytes_per_token(ckpt_layers) * tokens
+        return self.static_bytes + act + self.kv_store_bytes(prefix_tokens) + self.hw.reserve_gib * 2**30
+
+    def token_cap(self, ckpt_layers: int | None = None) -> int:
+        """BucketSize: most tokens one rank may hold in one micro-batch (a configured cap overrides the model).
+
+        ``floor((memory − reserve − static) / (fragmentation · α(k)))``; 0 when even static state does not fit.
+        """
+        if self.cfg.token_cap is not None:
+            return self.cfg.token_cap
+        free = self.hw.memory_bytes - self.hw.reserve_gib * 2**30 - self.static_bytes
+        per_token = self.hw.fragmentation * self.act_bytes_per_token(ckpt_layers)
+        return max(0, int(math.floor(free / per_token)))
+
+    def min_ckpt_for(self, tokens: float) -> int | None:
+        """Fewest checkpointed layers with ``token_cap >= tokens``; None when even full checkpointing fails."""
+        for k in range(self.layers + 1):
+            if self.token_cap(k) >= tokens:
+                return k
+        return None
+
+    # --- helpers --------------------------------------------------------------------------------------------
+    def _k(self, ckpt_layers: int | None) -> int:
+        return self.cfg.ckpt_layers if ckpt_layers is None else min(ckpt_layers, self.layers)

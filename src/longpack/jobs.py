@@ -1,0 +1,176 @@
+"""The jobs behind the CLI, as plain functions returning plain data (the CLI only parses and prints).
+
+* :func:`load_workload` - lengths from a built-in workload or a file, checked;
+* :func:`build_cost` - the cost model for a (model, hardware, layout), with the layout checked;
+* :func:`run_plan` - one planner over the run's global batches, timed, validated;
+* :func:`compare` - several planners on the same global batches, simulated, with metrics and speedups;
+* :func:`length_stats` - quantiles, shares below the papers' thresholds, and a log2 histogram;
+* :func:`bench_planning` - seconds and peak memory of planning a full epoch.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .cost import CostModel, TrainConfig
+from .hardware import load_hardware
+from .model import get_model
+from .plan import Plan
+from .planners import PlanContext, get_planner, global_batches
+from .sim import plan_metrics, simulate
+from .sources import load_lengths
+from .workloads import generate, get_workload
+
+__all__ = ["RunSpec", "load_workload", "build_cost", "run_plan", "compare", "length_stats", "bench_planning"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Everything that fixes a planning run; the CLI's common flags map one to one onto these fields."""
+
+    workload: str | None = None
+    lengths_file: str | None = None
+    column: str = "length"
+    tokenizer: str | None = None
+    samples: int | None = None
+    model: str = "qwen2.5-0.5b"
+    hardware: str = "h100"
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+    world: int | None = None
+    zero_stage: int = 2
+    ckpt_layers: int = 0
+    bucket_size: int | None = None
+    global_batch: int = 256
+    steps: int | None = None
+    seed: int = 0
+    max_len: int | None = None
+    overlong: str = "split"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {"workload": self.workload or self.lengths_file, "model": self.model, "hardware": self.hardware,
+                "dp": self.dp, "cp": self.cp, "tp": self.tp, "pp": self.pp, "global_batch": self.global_batch,
+                "steps": self.steps, "seed": self.seed, "max_len": self.max_len, "overlong": self.overlong,
+                "zero_stage": self.zero_stage, "ckpt_layers": self.ckpt_layers}
+
+
+def load_workload(spec: RunSpec) -> tuple[np.ndarray, int | None]:
+    """(lengths, default max_len) from ``--workload`` or ``--lengths``; exactly one must be given."""
+    if (spec.workload is None) == (spec.lengths_file is None):
+        raise ValueError("give exactly one of --workload NAME or --lengths FILE")
+    if spec.workload is not None:
+        w = get_workload(spec.workload)
+        return generate(spec.workload, spec.samples, seed=spec.seed), w.default_max_len
+    tok = None
+    if spec.tokenizer:
+        from .sources import hf_tokenizer
+
+        tok = hf_tokenizer(spec.tokenizer)
+    lengths = load_lengths(spec.lengths_file, column=spec.column, tokenizer=tok)
+    if spec.samples is not None:
+        if spec.samples < 1:
+            raise ValueError(f"--samples {spec.samples}: must be >= 1")
+        lengths = lengths[: spec.samples]
+    return lengths, None
+
+
+def build_cost(spec: RunSpec) -> CostModel:
+    """The cost model of ``spec``; a layout that does not match ``--world`` or a model that cannot fit raises."""
+    cfg = TrainConfig(dp=spec.dp, cp=spec.cp, tp=spec.tp, pp=spec.pp, zero_stage=spec.zero_stage,
+                      ckpt_layers=spec.ckpt_layers, token_cap=spec.bucket_size)
+    if spec.world is not None and spec.world != cfg.world:
+        raise ValueError(f"--world {spec.world} != dp {spec.dp} x tp {spec.tp} x pp {spec.pp} x cp {spec.cp} "
+                         f"= {cfg.world}; make the degrees multiply to the world size")
+    cost = CostModel(get_model(spec.model), load_hardware(spec.hardware), cfg)
+    if cost.token_cap() < 1:
+        raise ValueError(f"model {spec.model} on {spec.hardware}: {cost.hw.memory_gib:g} GiB per GPU leaves no room "
+                         f"for activations after {cost.static_bytes / 2**30:.1f} GiB of weights and optimizer state "
+                         "(ZeRO over dp x cp); raise --dp/--cp/--tp/--pp or --zero-stage, or use larger hardware")
+    return cost
+
+
+def run_plan(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
+             default_max_len: int | None = None) -> tuple[Plan, float]:
+    """(validated plan, planning seconds) of ``planner`` over the run's global batches."""
+    p = get_planner(planner)
+    batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed, steps=spec.steps)
+    ctx = PlanContext(cost=cost, seed=spec.seed, options=dict(spec.options))
+    max_len = spec.max_len if spec.max_len is not None else default_max_len
+    t0 = time.perf_counter()
+    plan = p.plan(lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
+    seconds = time.perf_counter() - t0
+    plan.validate()
+    return plan, seconds
+
+
+def summarize(plan: Plan, cost: CostModel) -> dict[str, Any]:
+    """Simulated time, efficiency, metrics and memory of one plan."""
+    report = simulate(plan, cost)
+    m = plan_metrics(plan)
+    return {"step_time_s": report.mean_step_s, "efficiency": report.efficiency, "dbr": m.dbr, "pr": m.pr,
+            "abr": m.abr, "cr": m.cr, "ave_t": m.ave_t, "peak_mem_gib": report.peak_mem_gib,
+            "oom_steps": report.oom_steps, "steps": len(report.steps)}
+
+
+def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]:
+    """Every planner on the same global batches; the result is the ``compare --json`` object."""
+    if not planners:
+        raise ValueError("--planners is empty; name at least one planner")
+    names = list(dict.fromkeys(planners + ([baseline] if baseline not in planners else [])))
+    for name in names:
+        get_planner(name)  # fail fast on a typo, before any work
+    lengths, default_max_len = load_workload(spec)
+    cost = build_cost(spec)
+    results: dict[str, dict[str, Any]] = {}
+    overlong: dict[str, Any] = {}
+    for name in names:
+        plan, seconds = run_plan(name, lengths, spec, cost, default_max_len)
+        results[name] = summarize(plan, cost) | {"plan_seconds": seconds}
+        overlong = dict(plan.meta["overlong"])
+        overlong["scheduled_samples"] = len(plan.lengths)
+    base = results[baseline]["step_time_s"]
+    for r in results.values():
+        r["speedup"] = base / r["step_time_s"] if r["step_time_s"] > 0 else float("nan")
+    setup = spec.describe() | {"token_cap": cost.token_cap(), "samples": int(len(lengths)),
+                               "max_len": spec.max_len if spec.max_len is not None else default_max_len}
+    return {"setup": setup, "baseline": baseline, "samples": overlong, "planners": results}
+
+
+def length_stats(lengths: np.ndarray) -> dict[str, Any]:
+    """Count, mean, quantiles, shares below 1K..128K and a log2 histogram of ``lengths``."""
+    x = np.asarray(lengths)
+    q = {f"p{p:g}": float(np.percentile(x, p)) for p in (50, 90, 99, 99.9)}
+    below = {f"<{k}K": float((x < k * 1024).mean()) for k in (1, 4, 8, 32, 128)}
+    edges = 2 ** np.arange(0, int(np.ceil(np.log2(x.max() + 1))) + 1)
+    counts, _ = np.histogram(x, bins=edges)
+    rows = zip(edges[:-1], edges[1:], counts, strict=True)
+    hist = [{"from": int(a), "to": int(b), "count": int(c)} for a, b, c in rows if c]
+    return {"samples": int(x.size), "tokens": int(x.sum()), "mean": float(x.mean()), "min": int(x.min()),
+            "max": int(x.max()), "quantiles": q, "share_below": below, "histogram": hist}
+
+
+def bench_planning(planner: str, spec: RunSpec) -> dict[str, Any]:
+    """Plan a full epoch of the workload: wall seconds (untraced run) and peak traced MiB (second run)."""
+    lengths, default_max_len = load_workload(spec)
+    cost = build_cost(spec)
+    batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed)
+    p = get_planner(planner)
+    ctx = PlanContext(cost=cost, seed=spec.seed, options=dict(spec.options))
+    max_len = spec.max_len if spec.max_len is not None else default_max_len
+    t0 = time.perf_counter()
+    plan = p.plan(lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
+    seconds = time.perf_counter() - t0
+    del plan
+    tracemalloc.start()
+    p.plan(lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"planner": planner, "samples": int(len(lengths)), "seconds": seconds, "peak_mib": peak / 2**20}

@@ -1,0 +1,253 @@
+"""The Plan contract: which tokens run where and when. Every planner emits one; simulator and runtime read it.
+
+Structure (plain immutable values, JSON round-trip, no torch)::
+
+    Plan        planner, world (= dp·cp), lengths {sample: tokens}, truncated, dropped, meta, steps
+    Step        one optimizer step: cp degree, token cap per rank, group tag, exactly world // cp replicas
+    Replica     micro-batches in gradient-accumulation order (every replica of a step has the same count)
+    MicroBatch  pieces + activation policy: ckpt_layers (checkpointed layers), recompute (ChunkFlow: drop this
+                chunk's activations after forward, recompute before backward), pad_to (0 = packed varlen;
+                > 0 = padded batch where every row is padded to pad_to tokens)
+    Piece       (sample, start, stop, cp_rank): tokens [start, stop) of one sample; cp_rank None = sharded over
+                the step's CP group (Skrull "distributed"), else the one CP rank holding it whole ("local")
+
+Invariants (:meth:`Plan.validate`; messages name step, replica, micro-batch and sample):
+
+1. Coverage: every token of every sample in ``lengths`` is in exactly one piece, unless the sample is in
+   ``dropped`` (with a reason) or was cut to ``truncated[sample]`` tokens (then exactly those tokens).
+2. Capacity: per micro-batch and CP rank, local tokens + ceil(tokens/cp) of each sharded piece <= the step's
+   token cap (padded micro-batches count their padding).
+3. Chunk order: all pieces of a sample sit in one replica of one step, at most one per micro-batch, with
+   ``start`` increasing along the replica's micro-batches.
+4. Shape: ``cp`` divides ``world``; world // cp replicas per step, all with the same micro-batch count.
+5. Determinism: :meth:`Plan.to_json` is canonical (sorted keys, no floats from planning), so equal plans are
+   byte-identical.
+
+Validation costs O(pieces) time and memory.
+
+>>> p = Plan(planner="demo", world=2, lengths={0: 5, 1: 3}, steps=(
+...     Step(cp=2, token_cap=6, replicas=(Replica(micro_batches=(
+...         MicroBatch(pieces=(Piece(0, 0, 5, None), Piece(1, 0, 3, 1))),)),)),))
+>>> p.validate()                    # rank 0: 3 of sample 0; rank 1: 3 of sample 0 + 3 of sample 1
+>>> Plan.from_json(p.to_json()) == p
+True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = ["Piece", "MicroBatch", "Replica", "Step", "Plan", "PlanError", "FORMAT"]
+
+FORMAT = "longpack.plan/1"
+
+
+class PlanError(ValueError):
+    """A plan that breaks an invariant; the message says where."""
+
+
+class Piece(NamedTuple):
+    """Tokens [start, stop) of ``sample``; ``cp_rank`` None = sharded over the CP group, else held whole there."""
+
+    sample: int
+    start: int
+    stop: int
+    cp_rank: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    pieces: tuple[Piece, ...] = ()
+    ckpt_layers: int = 0
+    recompute: bool = False
+    pad_to: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(p.stop - p.start for p in self.pieces)
+
+    def rank_tokens(self, cp: int) -> list[int]:
+        """Tokens held by each CP rank (padding included), the quantity the token cap limits."""
+        out = [0] * cp
+        shared = 0
+        for p in self.pieces:
+            n = self.pad_to if self.pad_to else p.stop - p.start
+            if p.cp_rank is None:
+                shared += math.ceil(n / cp)
+            else:
+                out[p.cp_rank] += n
+        return [t + shared for t in out]
+
+
+@dataclass(frozen=True)
+class Replica:
+    micro_batches: tuple[MicroBatch, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    cp: int
+    token_cap: int
+    replicas: tuple[Replica, ...]
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    planner: str
+    world: int
+    lengths: Mapping[int, int]
+    steps: tuple[Step, ...]
+    truncated: Mapping[int, int] = field(default_factory=dict)
+    dropped: Mapping[int, str] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    # --- queries ----------------------------------------------------------------------------------------------
+    def effective_length(self, sample: int) -> int:
+        """Tokens of ``sample`` the plan must cover: 0 if dropped, the kept length if truncated."""
+        if sample in self.dropped:
+            return 0
+        return self.truncated.get(sample, self.lengths[sample])
+
+    def iter_pieces(self) -> Iterator[tuple[int, int, int, Piece]]:
+        """(step, replica, micro-batch, piece) for every piece, in execution order."""
+        for s, step in enumerate(self.steps):
+            for r, rep in enumerate(step.replicas):
+                for m, mb in enumerate(rep.micro_batches):
+                    for piece in mb.pieces:
+                        yield s, r, m, piece
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(p.stop - p.start for *_, p in self.iter_pieces())
+
+    # --- invariants -------------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise :class:`PlanError` naming the first broken invariant and where; return None when all hold."""
+        self._check_header()
+        covered: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        for s, step in enumerate(self.steps):
+            self._check_step_shape(s, step)
+            for r, rep in enumerate(step.replicas):
+                for m, mb in enumerate(rep.micro_batches):
+                    where = f"step {s}, replica {r}, micro-batch {m}"
+                    self._check_micro_batch(where, step, mb)
+                    for p in mb.pieces:
+                        covered.setdefault(p.sample, []).append((p.start, p.stop, s, r, m))
+        self._check_coverage_and_order(covered)
+
+    def _check_header(self) -> None:
+        if self.world < 1:
+            raise PlanError(f"plan world={self.world}: must be >= 1")
+        for sample, kept in self.truncated.items():
+            if sample not in self.lengths or not 0 < kept < self.lengths[sample]:
+                raise PlanError(f"sample {sample}: truncated to {kept} tokens, which is not in (0, its length)")
+        for sample, reason in self.dropped.items():
+            if sample not in self.lengths or not reason:
+                raise PlanError(f"sample {sample}: dropped without a known length and a reason")
+
+    def _check_step_shape(self, s: int, step: Step) -> None:
+        if step.cp < 1 or self.world % step.cp:
+            raise PlanError(f"step {s}: cp={step.cp} does not divide world={self.world}")
+        if len(step.replicas) != self.world // step.cp:
+            raise PlanError(f"step {s}: {len(step.replicas)} replicas, expected world // cp = {self.world // step.cp}")
+        counts = {len(rep.micro_batches) for rep in step.replicas}
+        if len(counts) > 1:
+            raise PlanError(f"step {s}: replicas have different micro-batch counts {sorted(counts)}; "
+                            "pad with empty micro-batches so collectives cannot deadlock")
+
+    def _check_micro_batch(self, where: str, step: Step, mb: MicroBatch) -> None:
+        seen: set[int] = set()
+        for p in mb.pieces:
+            if p.sample not in self.lengths:
+                raise PlanError(f"{where}: sample {p.sample} is not in the plan's lengths")
+            if p.sample in seen:
+                raise PlanError(f"{where}: sample {p.sample} has two pieces in one micro-batch")
+            seen.add(p.sample)
+            if p.sample in self.dropped:
+                raise PlanError(f"{where}: sample {p.sample}: dropped ({self.dropped[p.sample]}) but scheduled")
+            if not 0 <= p.start < p.stop <= self.effective_length(p.sample):
+                raise PlanError(f"{where}: sample {p.sample} piece [{p.start}, {p.stop}) outside "
+                                f"[0, {self.effective_length(p.sample)})")
+            if p.cp_rank is not None and not 0 <= p.cp_rank < step.cp:
+                raise PlanError(f"{where}: sample {p.sample} cp_rank={p.cp_rank} not in [0, {step.cp})")
+            if mb.pad_to and p.stop - p.start > mb.pad_to:
+                raise PlanError(f"{where}: sample {p.sample} has {p.stop - p.start} tokens > pad_to={mb.pad_to}")
+        for rank, tokens in enumerate(mb.rank_tokens(step.cp)):
+            if tokens > step.token_cap:
+                raise PlanError(f"{where}: CP rank {rank} holds {tokens} tokens > token cap {step.token_cap}")
+
+    def _check_coverage_and_order(self, covered: dict[int, list[tuple[int, int, int, int, int]]]) -> None:
+        for sample in self.lengths:
+            need = self.effective_length(sample)
+            spans = covered.get(sample, [])
+            if need == 0:
+                if spans:
+                    raise PlanError(f"sample {sample}: dropped ({self.dropped[sample]}) but scheduled")
+                continue
+            if not spans:
+                raise PlanError(f"sample {sample}: {need} tokens never scheduled and not in dropped")
+            first = spans[0]
+            for *_, s, r, _m in spans:
+                if (s, r) != (first[2], first[3]):
+                    raise PlanError(f"sample {sample}: pieces in step {first[2]} replica {first[3]} and step {s} "
+                                    f"replica {r}; a sample's pieces must share one replica of one step")
+            order = sorted(spans, key=lambda t: t[4])
+            if [t[0] for t in order] != sorted(t[0] for t in order):
+                raise PlanError(f"sample {sample}: pieces not in increasing start order across micro-batches "
+                                f"of step {first[2]} replica {first[3]}")
+            pos = 0
+            for start, stop, *_ in sorted(spans):
+                if start != pos:
+                    kind = "overlap" if start < pos else "gap"
+                    raise PlanError(f"sample {sample}: token {kind} at {min(start, pos)} "
+                                    f"(pieces must tile [0, {need}))")
+                pos = stop
+            if pos != need:
+                raise PlanError(f"sample {sample}: covered {pos} of {need} tokens")
+
+    # --- JSON ---------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        steps = []
+        for step in self.steps:
+            reps = [[{"ckpt": mb.ckpt_layers, "recompute": mb.recompute, "pad_to": mb.pad_to,
+                      "pieces": [list(p) for p in mb.pieces]} for mb in rep.micro_batches] for rep in step.replicas]
+            steps.append({"cp": step.cp, "token_cap": step.token_cap, "group": step.group, "replicas": reps})
+        return {"format": FORMAT, "planner": self.planner, "world": self.world, "meta": dict(self.meta),
+                "lengths": sorted([k, v] for k, v in self.lengths.items()),
+                "truncated": sorted([k, v] for k, v in self.truncated.items()),
+                "dropped": sorted([k, v] for k, v in self.dropped.items()), "steps": steps}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        if d.get("format") != FORMAT:
+            raise PlanError(f"plan format {d.get('format')!r}: expected {FORMAT!r}")
+        steps = tuple(
+            Step(cp=st["cp"], token_cap=st["token_cap"], group=st.get("group", ""), replicas=tuple(
+                Replica(micro_batches=tuple(
+                    MicroBatch(pieces=tuple(Piece(*p) for p in mb["pieces"]), ckpt_layers=mb["ckpt"],
+                               recompute=mb["recompute"], pad_to=mb["pad_to"]) for mb in rep))
+                for rep in st["replicas"]))
+            for st in d["steps"])
+        return cls(planner=d["planner"], world=d["world"], meta=dict(d.get("meta", {})), steps=steps,
+                   lengths={int(k): int(v) for k, v in d["lengths"]},
+                   truncated={int(k): int(v) for k, v in d.get("truncated", [])},
+                   dropped={int(k): str(v) for k, v in d.get("dropped", [])})
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            return cls.from_dict(json.loads(text))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise PlanError(f"not a longpack plan: {exc}") from None

@@ -1,0 +1,210 @@
+"""What every planner shares: the request it answers, the global batches, the over-long policy, the registry.
+
+A planner turns the lengths of the samples in each global batch into one :class:`~longpack.plan.Step`. The driver
+:func:`make_plan` does the rest the same way for all planners, so they are comparable:
+
+1. :func:`global_batches` draws the optimizer steps' samples with one seeded permutation: every planner schedules
+   the same samples in the same step (Adam stays equivalent; only placement and accumulation order differ).
+2. :func:`apply_overlong` applies the over-long policy to samples longer than the limit (``max_len`` or what one
+   micro-batch can hold, ``token_cap · cp``): ``split`` (default) cuts them into a chain of consecutive pieces,
+   ``truncate`` keeps the first ``limit`` tokens, ``drop`` removes them with a reason, ``error`` refuses. Every
+   affected sample is counted in the plan's ``meta["overlong"]``; nothing is lost silently.
+3. The planner's :meth:`Planner.plan_batch` returns the step's replicas; :func:`assemble_step` pads replicas with
+   empty micro-batches to equal counts.
+
+Cost: O(samples) for the driver; the planner's own cost is in its docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..cost import CostModel
+from ..model import UnknownNameError
+from ..plan import MicroBatch, Piece, Plan, Replica, Step
+
+__all__ = ["PlanContext", "Batch", "Planner", "register", "get_planner", "PLANNERS", "make_plan",
+           "global_batches", "apply_overlong", "assemble_step", "OverlongError", "chain_pieces"]
+
+OVERLONG_POLICIES = ("split", "truncate", "drop", "error")
+
+
+class OverlongError(ValueError):
+    """A sample longer than every cap under ``--overlong error``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanContext:
+    """Everything a planner may read: the cost model (with dp, cp, caps), the seed and planner options."""
+
+    cost: CostModel
+    seed: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dp(self) -> int:
+        return self.cost.cfg.dp
+
+    @property
+    def cp(self) -> int:
+        return self.cost.cfg.cp
+
+    @property
+    def world(self) -> int:
+        return self.cost.cfg.dp * self.cost.cfg.cp
+
+    @property
+    def ckpt_layers(self) -> int:
+        return self.cost.cfg.ckpt_layers
+
+    @property
+    def token_cap(self) -> int:
+        return self.cost.token_cap()
+
+    def option(self, name: str, default: Any) -> Any:
+        return self.options.get(name, default)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One global batch after the over-long policy: ``samples[i]`` has ``lengths[i]`` tokens to schedule;
+    ``piece_len`` is the longest piece one micro-batch can take (longer samples must be split into a chain)."""
+
+    index: int
+    samples: np.ndarray
+    lengths: np.ndarray
+    piece_len: int
+
+    @property
+    def whole(self) -> np.ndarray:
+        """Positions (into samples/lengths) of samples that fit one micro-batch."""
+        return np.flatnonzero(self.lengths <= self.piece_len)
+
+    @property
+    def chains(self) -> np.ndarray:
+        """Positions of samples that must be split into chained pieces."""
+        return np.flatnonzero(self.lengths > self.piece_len)
+
+
+class Planner:
+    """Base class: subclasses set ``name`` and implement :meth:`plan_batch`."""
+
+    name: ClassVar[str] = ""
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
+        raise NotImplementedError
+
+    def plan(self, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
+             max_len: int | None = None, overlong: str = "split") -> Plan:
+        return make_plan(self, lengths, batches, ctx, max_len=max_len, overlong=overlong)
+
+
+PLANNERS: dict[str, Callable[[], Planner]] = {}
+
+
+def register(cls: type[Planner]) -> type[Planner]:
+    """Class decorator adding a planner to the registry under ``cls.name``."""
+    PLANNERS[cls.name] = cls
+    return cls
+
+
+def get_planner(name: str) -> Planner:
+    from . import baselines  # noqa: F401  (registers the built-in planners)
+
+    try:
+        return PLANNERS[name]()
+    except KeyError:
+        raise UnknownNameError(f"unknown planner {name!r}; choose one of: {', '.join(sorted(PLANNERS))}") from None
+
+
+def global_batches(n_samples: int, global_batch: int, *, seed: int = 0, steps: int | None = None) -> list[np.ndarray]:
+    """Sample ids of each optimizer step: one seeded permutation cut into ``global_batch``-sized steps.
+
+    The last, smaller batch is kept (never dropped). ``steps`` keeps only the first ``steps`` batches.
+
+    >>> [b.tolist() for b in global_batches(5, 2, seed=0)]
+    [[2, 4], [3, 0], [1]]
+    """
+    if global_batch < 1:
+        raise ValueError(f"--global-batch {global_batch}: must be >= 1")
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps {steps}: must be >= 1")
+    order = np.random.default_rng(seed).permutation(n_samples)
+    batches = [order[i:i + global_batch] for i in range(0, n_samples, global_batch)]
+    return batches[:steps] if steps is not None else batches
+
+
+def apply_overlong(lengths: np.ndarray, scope: np.ndarray, limit: int, policy: str,
+                   ) -> tuple[np.ndarray, dict[int, int], dict[int, str], int]:
+    """Effective lengths after the policy, plus truncated {sample: kept}, dropped {sample: reason}, split count."""
+    if policy not in OVERLONG_POLICIES:
+        raise ValueError(f"--overlong {policy!r}: choose one of {', '.join(OVERLONG_POLICIES)}")
+    eff = lengths.copy()
+    over = scope[lengths[scope] > limit]
+    truncated: dict[int, int] = {}
+    dropped: dict[int, str] = {}
+    if over.size and policy == "error":
+        s = int(over[0])
+        raise OverlongError(f"sample {s} has {int(lengths[s])} tokens > limit {limit} (token cap x cp or --max-len);"
+                            " use --overlong split|truncate|drop, a larger --cp, or more checkpointing")
+    if policy == "truncate":
+        for s in over.tolist():
+            truncated[s] = limit
+        eff[over] = limit
+    elif policy == "drop":
+        for s in over.tolist():
+            dropped[s] = f"{int(lengths[s])} tokens > limit {limit}"
+        eff[over] = 0
+    return eff, truncated, dropped, int(over.size) if policy == "split" else 0
+
+
+def chain_pieces(sample: int, length: int, piece_len: int, cp_rank: int | None = None) -> list[Piece]:
+    """Consecutive pieces of at most ``piece_len`` tokens covering [0, length), in order.
+
+    >>> [tuple(p[1:3]) for p in chain_pieces(7, 10, 4)]
+    [(0, 4), (4, 8), (8, 10)]
+    """
+    n = math.ceil(length / piece_len)
+    return [Piece(sample, i * piece_len, min(length, (i + 1) * piece_len), cp_rank) for i in range(n)]
+
+
+def assemble_step(replicas: Sequence[Sequence[MicroBatch]], *, cp: int, token_cap: int, group: str = "") -> Step:
+    """A Step whose replicas are padded with empty micro-batches to the same count."""
+    depth = max((len(r) for r in replicas), default=0)
+    reps = tuple(Replica(micro_batches=tuple(r) + (MicroBatch(),) * (depth - len(r))) for r in replicas)
+    return Step(cp=cp, token_cap=token_cap, replicas=reps, group=group)
+
+
+def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
+              max_len: int | None = None, overlong: str = "split") -> Plan:
+    """Run ``planner`` over ``batches`` of sample ids with the shared over-long policy; see the module docstring."""
+    cap = ctx.token_cap
+    if cap < 1:
+        c = ctx.cost
+        raise ValueError(f"model {c.model.name} on {c.hw.name}: memory {c.hw.memory_gib:g} GiB leaves no room for "
+                         f"activations after {c.static_bytes / 2**30:.1f} GiB of weights/optimizer state; raise "
+                         "--dp/--cp/--tp (ZeRO sharding) or use larger hardware")
+    piece_len = cap * ctx.cp
+    limit = piece_len if max_len is None else min(max_len, piece_len)
+    scope = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+    eff, truncated, dropped, n_split = apply_overlong(lengths, scope, limit, overlong)
+    if max_len is not None and overlong == "split":
+        piece_len = min(piece_len, max_len)
+    steps = []
+    for i, ids in enumerate(batches):
+        keep = ids[eff[ids] > 0]
+        if keep.size == 0:
+            continue
+        steps.append(planner.plan_batch(Batch(i, keep, eff[keep], piece_len), ctx))
+    meta = {"seed": ctx.seed, "dp": ctx.dp, "cp": ctx.cp, "tp": ctx.cost.cfg.tp, "pp": ctx.cost.cfg.pp,
+            "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": cap,
+            "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options),
+            "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
+                         "dropped": len(dropped)}}
+    return Plan(planner=planner.name, world=ctx.world, lengths={int(s): int(lengths[s]) for s in scope},
+                steps=tuple(steps), truncated=truncated, dropped=dropped, meta=meta)

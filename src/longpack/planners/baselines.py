@@ -1,0 +1,226 @@
+"""The baselines the three papers compare against, each on the Plan contract.
+
+All baselines shard every sequence over the whole CP group (``cp_rank=None``): that is what a fixed-CP framework
+does (DeepSpeed-Ulysses / ring attention sized for the longest sequence). They differ in how they form
+micro-batches and spread them over DP replicas:
+
+=================  ===========================================================================================
+``random_padded``  random order, greedy micro-batches padded to their longest (HBP Table 3 "random")
+``sorted``         LongAlign sorted batching: sort by length, consecutive micro-batches padded to their
+                   longest, shuffled and dealt round-robin to replicas (Skrull §2.10, HBP §4.9)
+``isf`` ``ffd``    naive packing to a fixed length with one packer (HBP's ISF baseline, Table 13's packers);
+``bfd`` ``spfhp``  packs shuffled and dealt round-robin, one pack per micro-batch
+``fixed_cp``       DeepSpeed-style (Skrull's baseline): each replica takes a contiguous slice of the batch and
+                   packs it in order (next fit) into micro-batches up to the token cap
+``one_seq``        Megatron-style (ChunkFlow's baseline): one sequence per micro-batch, dealt round-robin
+=================  ===========================================================================================
+
+Capacity is counted per CP rank: a sharded sequence of s tokens costs each rank ceil(s/cp); a padded
+micro-batch costs rows · ceil(pad_to/cp). Samples longer than one micro-batch (``Batch.chains``) run as a chain of
+pieces, each alone in a micro-batch, in order, on the replica with the least tokens.
+
+Guarantees: coverage, caps, chunk order, equal micro-batch counts, determinism by seed. Cost: O(n log n) per
+global batch (O(n · bins) for ffd/bfd).
+
+>>> import numpy as np
+>>> from longpack.cost import CostModel, TrainConfig
+>>> from longpack.hardware import get_hardware
+>>> from longpack.model import get_model
+>>> from longpack.planners.base import PlanContext, global_batches
+>>> cost = CostModel(get_model("tiny"), get_hardware("cpu"), TrainConfig(dp=2, cp=1, token_cap=100))
+>>> plan = FixedCP().plan(np.array([60, 50, 40, 30]), global_batches(4, 4), PlanContext(cost=cost))
+>>> plan.validate(); [[mb.tokens for mb in r.micro_batches] for r in plan.steps[0].replicas]
+[[100], [80]]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..plan import MicroBatch, Piece
+from .base import Batch, PlanContext, Planner, assemble_step, chain_pieces, register
+from .packers import PACKERS, next_fit
+
+__all__ = ["RandomPadded", "Sorted", "PackedBaseline", "FixedCP", "OneSeq"]
+
+
+def _rank_weights(lengths: np.ndarray, cp: int) -> np.ndarray:
+    return -(-lengths // cp)  # ceil(len / cp): what one CP rank holds of a sharded sequence
+
+
+def _sharded(batch: Batch, positions: list[int], ckpt: int, pad_to: int = 0) -> MicroBatch:
+    pieces = tuple(Piece(int(batch.samples[i]), 0, int(batch.lengths[i]), None) for i in positions)
+    return MicroBatch(pieces=pieces, ckpt_layers=ckpt, pad_to=pad_to)
+
+
+def _place_chains(batch: Batch, replicas: list[list[MicroBatch]], ctx: PlanContext, pad: bool = False) -> None:
+    """Append each over-long sample's pieces, one per micro-batch, to the replica with the fewest tokens."""
+    for i in batch.chains.tolist():
+        target = min(range(len(replicas)), key=lambda r: (sum(mb.tokens for mb in replicas[r]), r))
+        for p in chain_pieces(int(batch.samples[i]), int(batch.lengths[i]), batch.piece_len):
+            replicas[target].append(MicroBatch(pieces=(p,), ckpt_layers=ctx.ckpt_layers,
+                                               pad_to=p.stop - p.start if pad else 0))
+
+
+def _padded_groups(lengths: np.ndarray, order: list[int], cp: int, cap: int, max_rows: int) -> list[list[int]]:
+    """Greedy consecutive groups (in ``order``) whose padded size rows · ceil(max/cp) stays within ``cap``."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        new_longest = max(longest, int(lengths[i]))
+        rows = len(cur) + 1
+        if cur and (rows * math.ceil(new_longest / cp) > cap or (max_rows and rows > max_rows)):
+            groups.append(cur)
+            cur, new_longest = [], int(lengths[i])
+        cur.append(i)
+        longest = new_longest
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _deal(items: list, k: int) -> list[list]:
+    """Round-robin: item j to replica j mod k."""
+    return [items[r::k] for r in range(k)]
+
+
+@register
+class RandomPadded(Planner):
+    """Random micro-batches padded to their longest sequence (HBP Table 3 "random").
+
+    Each replica takes every dp-th sample of the shuffled batch (DistributedSampler style) and fills
+    micro-batches in that order while rows · ceil(longest/cp) ≤ token cap and rows ≤ ``micro_batch_size``
+    (option, default 8; 0 = as many as fit).
+    """
+
+    name = "random_padded"
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext):
+        cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
+        rng = np.random.default_rng([ctx.seed, batch.index])
+        whole = batch.whole[rng.permutation(batch.whole.size)].tolist()
+        replicas: list[list[MicroBatch]] = []
+        for part in _deal(whole, dp):
+            groups = _padded_groups(batch.lengths, part, cp, cap, ctx.option("micro_batch_size", 8))
+            replicas.append([_sharded(batch, g, ctx.ckpt_layers, int(batch.lengths[g].max())) for g in groups])
+        _place_chains(batch, replicas, ctx, pad=True)
+        return assemble_step(replicas, cp=cp, token_cap=cap)
+
+
+@register
+class Sorted(Planner):
+    """LongAlign sorted batching: sort the batch by length, cut consecutive padded micro-batches of at most
+    ``micro_batch_size`` rows (option, default 8; 0 = as many as the token cap allows, HBP's dynamic B), shuffle
+    them, deal them round-robin to replicas.
+
+    The papers sort the whole dataset and draw consecutive groups as global batches; here every planner must
+    schedule the same global batches (equal optimizer steps), so sorting happens inside each global batch.
+    Filling to the token cap then spans a wide length range and pads heavily, hence the row limit."""
+
+    name = "sorted"
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext):
+        cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
+        whole = batch.whole
+        order = whole[np.lexsort((batch.samples[whole], batch.lengths[whole]))].tolist()
+        groups = _padded_groups(batch.lengths, order, cp, cap, ctx.option("micro_batch_size", 8))
+        rng = np.random.default_rng([ctx.seed, batch.index])
+        groups = [groups[j] for j in rng.permutation(len(groups))]
+        mbs = [_sharded(batch, g, ctx.ckpt_layers, int(batch.lengths[g].max())) for g in groups]
+        replicas = _deal(mbs, dp)
+        _place_chains(batch, replicas, ctx, pad=True)
+        return assemble_step(replicas, cp=cp, token_cap=cap)
+
+
+class PackedBaseline(Planner):
+    """Naive packing to a fixed length with one packer, every pack one micro-batch sharded over the CP group.
+
+    The pack length is the run's limit, min(--max-len, token cap x cp) (option ``pack_len`` sets it, within the
+    cap). Packs are shuffled with
+    the seed and dealt round-robin to replicas, as a random sampler over packs does (HBP's ISF baseline).
+    """
+
+    packer = ""
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext):
+        cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
+        pack_cap = min(cap, ctx.option("pack_len", batch.piece_len) // cp)
+        whole = batch.whole
+        weights = _rank_weights(batch.lengths[whole], cp)
+        if weights.size and int(weights.max()) > pack_cap:
+            raise ValueError(f"--pack-len {ctx.option('pack_len', batch.piece_len)}: shorter than sample "
+                             f"{int(batch.samples[whole[int(np.argmax(weights))]])}; raise it or lower --max-len")
+        fn = PACKERS[self.packer]
+        kwargs = {"seed": ctx.seed + batch.index, "iters": ctx.option("isf_iters", 10)} if self.packer == "isf" else {}
+        bins = fn(weights, pack_cap, **kwargs) if weights.size else []
+        rng = np.random.default_rng([ctx.seed, batch.index])
+        bins = [bins[j] for j in rng.permutation(len(bins))]
+        mbs = [_sharded(batch, [int(whole[i]) for i in b], ctx.ckpt_layers) for b in bins]
+        replicas = _deal(mbs, dp)
+        _place_chains(batch, replicas, ctx)
+        return assemble_step(replicas, cp=cp, token_cap=cap)
+
+
+@register
+class ISF(PackedBaseline):
+    """Naive packing with ISF (OmniBal iterative sampling and filtering), HBP's baseline packer."""
+
+    name, packer = "isf", "isf"
+
+
+@register
+class FFD(PackedBaseline):
+    """Naive packing with first-fit decreasing."""
+
+    name, packer = "ffd", "ffd"
+
+
+@register
+class BFD(PackedBaseline):
+    """Naive packing with best-fit decreasing."""
+
+    name, packer = "bfd", "bfd"
+
+
+@register
+class SPFHP(PackedBaseline):
+    """Naive packing with shortest-pack-first histogram packing."""
+
+    name, packer = "spfhp", "spfhp"
+
+
+@register
+class FixedCP(Planner):
+    """DeepSpeed-style fixed CP (Skrull's baseline, PAPERS.md §2.12): replica r takes the r-th contiguous slice
+    of the global batch and packs it in arrival order (next fit) into micro-batches up to the token cap; every
+    sequence is sharded over the whole CP group, whatever its length."""
+
+    name = "fixed_cp"
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext):
+        cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
+        whole = batch.whole
+        replicas = []
+        for part in np.array_split(whole, dp):
+            bins = next_fit(_rank_weights(batch.lengths[part], cp), cap) if part.size else []
+            replicas.append([_sharded(batch, [int(part[i]) for i in b], ctx.ckpt_layers) for b in bins])
+        _place_chains(batch, replicas, ctx)
+        return assemble_step(replicas, cp=cp, token_cap=cap)
+
+
+@register
+class OneSeq(Planner):
+    """Megatron-style (ChunkFlow's baseline, PAPERS.md §3.9): micro-batch size 1, every sequence sharded over a
+    CP group sized for the longest, sequences dealt round-robin to replicas in batch order."""
+
+    name = "one_seq"
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext):
+        cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
+        mbs = [_sharded(batch, [int(i)], ctx.ckpt_layers) for i in batch.whole]
+        replicas = _deal(mbs, dp)
+        _place_chains(batch, replicas, ctx)
+        return assemble_step(replicas, cp=cp, token_cap=cap)

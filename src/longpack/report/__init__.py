@@ -1,0 +1,1 @@
+"""Reports: rich tables now; plots and the HTML report build on the same plain data."""

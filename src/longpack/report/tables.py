@@ -1,0 +1,57 @@
+"""Rich tables for the CLI: length statistics and planner comparisons (plain dicts in, terminal out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["stats_table", "compare_table"]
+
+
+def _console() -> Console:
+    # Off a terminal rich assumes 80 columns and truncates the comparison table; pipes and CI get 160.
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
+def _k(n: float) -> str:
+    return f"{n / 1024:.1f}K" if n >= 1024 else f"{n:.0f}"
+
+
+def stats_table(data: dict[str, Any], title: str, console: Console | None = None) -> None:
+    console = console or _console()
+    console.print(f"[bold]{title}[/]: {data['samples']:,} samples, {data['tokens']:,} tokens, "
+                  f"mean {data['mean']:.0f}, min {data['min']}, max {_k(data['max'])}")
+    q = Table("quantile", "tokens", title="quantiles")
+    for name, v in data["quantiles"].items():
+        q.add_row(name, _k(v))
+    b = Table("length", "share", title="share of samples below")
+    for name, v in data["share_below"].items():
+        b.add_row(name, f"{100 * v:.2f}%")
+    h = Table("from", "to", "count", "", title="histogram (log2 bins)")
+    top = max(r["count"] for r in data["histogram"])
+    for r in data["histogram"]:
+        h.add_row(_k(r["from"]), _k(r["to"]), f"{r['count']:,}", "#" * max(1, round(30 * r["count"] / top)))
+    console.print(q, b, h)
+
+
+def compare_table(result: dict[str, Any], console: Console | None = None) -> None:
+    console = console or _console()
+    s = result["setup"]
+    console.print(f"[bold]{s['workload']}[/] on {s['model']} / {s['hardware']}: dp {s['dp']} x cp {s['cp']} "
+                  f"(tp {s['tp']}, pp {s['pp']}), global batch {s['global_batch']}, token cap "
+                  f"{s.get('token_cap', '?')}, seed {s['seed']}")
+    ov = result.get("samples", {})
+    if ov:
+        console.print(f"over-long ({ov.get('policy')}, limit {ov.get('limit')}): {ov.get('split', 0)} split, "
+                      f"{ov.get('truncated', 0)} truncated, {ov.get('dropped', 0)} dropped "
+                      f"of {ov.get('scheduled_samples', '?')} scheduled samples")
+    t = Table("planner", "step s", f"speedup vs {result['baseline']}", "efficiency", "DBR", "ABR", "PR", "CR",
+              "Ave-T", "peak GiB", "OOM steps", "plan s")
+    for name, r in sorted(result["planners"].items(), key=lambda kv: kv[1]["step_time_s"]):
+        t.add_row(name, f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x", f"{r['efficiency']:.3f}",
+                  f"{r['dbr']:.3f}", f"{r['abr']:.3f}", f"{r['pr']:.3f}", f"{r['cr']:.3f}", _k(r["ave_t"]),
+                  f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"]), f"{r['plan_seconds']:.3f}")
+    console.print(t)

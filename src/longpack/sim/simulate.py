@@ -1,0 +1,171 @@
+"""Simulate a Plan on the cost model: per-step, per-rank compute, communication, overlap, idle and memory.
+
+Per micro-batch and CP rank j (Skrull Eq. 2, PAPERS.md §2.4):
+
+    time_j = max(T_comm(sharded), T_local_j) + T_dist_j + T_fixed
+
+* ``T_local_j``: rank j's local pieces (linear share + attention on whole documents, q = piece length);
+* ``T_dist_j``: its 1/cp share of every sharded piece (zigzag: attention blocks of q = s/(2·cp));
+* ``T_comm``: the K/V all-gathers and gradient reduce-scatters of the sharded pieces, overlapped with local
+  compute. The CP ranks meet in those collectives every layer, so a micro-batch takes ``max_j time_j``.
+
+A replica's time is the sum over its micro-batches (with pp > 1 plus (pp−1) times its longest micro-batch, the
+1F1B fill/drain; sim/pipeline.py models pipelines exactly). A step takes its slowest replica plus the gradient
+all-reduce. Idle is what a rank waits for the step's slowest rank. Memory per rank is the cost model's
+``static + α·tokens + reserve`` plus the stored K/V of earlier chunks when a piece starts past token 0; a rank
+over the hardware's memory is an OOM.
+
+Padded micro-batches (``pad_to > 0``) compute every row at the padded length: padding costs time and memory.
+Cost: O(pieces + ranks) per micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost import CostModel
+from ..plan import MicroBatch, Plan, Step
+from .bounds import step_lower_bound
+
+__all__ = ["StepReport", "SimReport", "simulate", "simulate_step"]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One optimizer step; per-rank tuples are indexed by global rank = replica · cp + cp_rank."""
+
+    step: int
+    cp: int
+    time_s: float
+    allreduce_s: float
+    lower_bound_s: float
+    replica_s: tuple[float, ...]
+    compute_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+    overlap_s: tuple[float, ...]
+    idle_s: tuple[float, ...]
+    peak_mem_bytes: tuple[float, ...]
+    oom_ranks: tuple[int, ...]
+
+    @property
+    def oom(self) -> bool:
+        return bool(self.oom_ranks)
+
+
+@dataclass(frozen=True)
+class SimReport:
+    steps: tuple[StepReport, ...]
+
+    @property
+    def total_s(self) -> float:
+        return float(sum(s.time_s for s in self.steps))
+
+    @property
+    def mean_step_s(self) -> float:
+        return self.total_s / max(1, len(self.steps))
+
+    @property
+    def efficiency(self) -> float:
+        """Σ lower bounds / Σ simulated step times, in (0, 1]."""
+        return float(sum(s.lower_bound_s for s in self.steps)) / self.total_s if self.total_s > 0 else 1.0
+
+    @property
+    def peak_mem_gib(self) -> float:
+        return max((max(s.peak_mem_bytes) for s in self.steps), default=0.0) / 2**30
+
+    @property
+    def oom_steps(self) -> int:
+        return sum(1 for s in self.steps if s.oom)
+
+
+def _micro_batch(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndarray, ...]:
+    """Per-rank (time, local compute, dist compute, comm, tokens, prefix tokens) of one micro-batch."""
+    causal, ckpt = cost.cfg.causal_factor, mb.ckpt_layers
+    tok_local = np.zeros(cp)
+    attn_local = np.zeros(cp)
+    prefix = np.zeros(cp)
+    tok_dist = attn_dist = shard_tokens = 0.0
+    for p in mb.pieces:
+        n = mb.pad_to or (p.stop - p.start)
+        end = p.start + n  # a padded row of a chain piece still attends to the chain's earlier tokens
+        pairs = causal * (end * end - p.start * p.start)
+        if p.cp_rank is None and cp > 1:
+            tok_dist += math.ceil(n / cp)
+            attn_dist += cost.attn_s(pairs / cp, n / (2 * cp), ckpt)
+            shard_tokens += n
+            prefix += p.start / cp
+        else:
+            j = p.cp_rank or 0
+            tok_local[j] += n
+            attn_local[j] += cost.attn_s(pairs, n, ckpt)
+            prefix[j] += p.start
+    tokens = tok_local + tok_dist
+    lin = np.asarray(cost.linear_s(tokens, ckpt), dtype=np.float64)
+    if mb.recompute:
+        # ChunkFlow: a chunk whose activations were dropped runs its forward twice.
+        k = ckpt / cost.layers
+        lin = lin * (1.0 + 1.0 / (3.0 + k))
+        scale = 1.0 + 1.0 / (1.0 + cost.cfg.attn_bwd_factor + k)
+        attn_local, attn_dist = attn_local * scale, attn_dist * scale
+    share = np.divide(tok_local, tokens, out=np.zeros(cp), where=tokens > 0)
+    local = lin * share + attn_local
+    dist = lin * (1 - share) + attn_dist
+    comm = cost.cp_comm_s(shard_tokens, ckpt)
+    fixed = cost.fixed_s if mb.pieces else 0.0
+    time = np.maximum(comm, local) + dist + fixed
+    return time, local + fixed, dist, np.full(cp, comm), tokens, prefix
+
+
+def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepReport:
+    cp, reps = step.cp, step.replicas
+    cost = cost if cost.cfg.cp == cp else _with_cp(cost, cp, len(reps))
+    n_ranks = len(reps) * cp
+    busy = np.zeros(n_ranks)
+    compute = np.zeros(n_ranks)
+    comm = np.zeros(n_ranks)
+    overlap = np.zeros(n_ranks)
+    peak = np.zeros(n_ranks)
+    replica_s = []
+    for r, rep in enumerate(reps):
+        sl = slice(r * cp, (r + 1) * cp)
+        mb_times = []
+        for mb in rep.micro_batches:
+            time, local, dist, c, tokens, prefix = _micro_batch(mb, cp, cost)
+            mb_times.append(float(time.max()) if mb.pieces else 0.0)
+            busy[sl] += time
+            compute[sl] += local + dist
+            comm[sl] += c
+            overlap[sl] += np.minimum(c, local)
+            mem = [cost.memory_bytes(t, mb.ckpt_layers, p) for t, p in zip(tokens, prefix, strict=True)]
+            peak[sl] = np.maximum(peak[sl], mem)
+        bubble = (cost.cfg.pp - 1) * max(mb_times, default=0.0)
+        replica_s.append(sum(mb_times) + bubble)
+    has_work = any(mb.pieces for rep in reps for mb in rep.micro_batches)
+    allreduce = cost.grad_allreduce_s() if has_work else 0.0
+    slowest = max(replica_s, default=0.0)
+    lengths = [plan.effective_length(p.sample) for rep in reps for mb in rep.micro_batches for p in mb.pieces
+               if p.start == 0]
+    lb = step_lower_bound(np.asarray(lengths, dtype=np.float64), cost) if has_work else 0.0
+    oom = tuple(int(i) for i in np.flatnonzero(peak > cost.hw.memory_bytes))
+    return StepReport(step=index, cp=cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
+                      replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
+                      overlap_s=tuple(overlap.tolist()), idle_s=tuple((slowest - busy).tolist()),
+                      peak_mem_bytes=tuple(peak.tolist()), oom_ranks=oom)
+
+
+def _with_cp(cost: CostModel, cp: int, dp: int) -> CostModel:
+    """The same cost model for a step whose CP degree differs from the run's (HBP's per-group degrees)."""
+    from dataclasses import replace
+
+    return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=cp, dp=dp))
+
+
+def simulate(plan: Plan, cost: CostModel) -> SimReport:
+    """Simulate every step of ``plan``; see the module docstring for the time model."""
+    if plan.world != cost.cfg.dp * cost.cfg.cp:
+        raise ValueError(f"plan world {plan.world} != --dp {cost.cfg.dp} x --cp {cost.cfg.cp}; "
+                         "simulate with the layout the plan was made for")
+    return SimReport(steps=tuple(simulate_step(i, step, plan, cost) for i, step in enumerate(plan.steps)))

@@ -1,0 +1,24 @@
+"""Shared fixtures: small cost models with round numbers so expected values can be computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from longpack.hardware import HardwareSpec
+from longpack.model import ModelSpec
+
+# A flat-table "hardware": every collective costs 100 µs below 1 MB and 1 µs more per MB above.
+FLAT = {k: ((1.0, 100.0), (1001.0, 1100.0)) for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")}
+
+
+@pytest.fixture
+def toy_model() -> ModelSpec:
+    # hidden 8, 2 heads x 4, 1 KV head, ffn 16 gated, vocab 32, 2 layers: every figure is small and exact.
+    return ModelSpec(name="toy", layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, ffn=16, vocab=32)
+
+
+@pytest.fixture
+def toy_hw() -> HardwareSpec:
+    return HardwareSpec(name="toy", peak_flops=1e6, memory_gib=1.0, mfu_gemm=1.0, mfu_attn=1.0,
+                        gemm_half_tokens=0.0, attn_half_len=0.0, layer_overhead_s=0.0, reserve_gib=0.0,
+                        fragmentation=1.0, collectives=dict(FLAT))
