@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[lint]'
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy src/longpack --ignore-missing-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

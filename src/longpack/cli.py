@@ -47,8 +47,10 @@ MicroBatchSize = Annotated[int | None, typer.Option(help="Max rows of padded mic
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 
 
-def _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world, zero_stage,
-            ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len, micro_batch_size):
+def _common(workload: str | None, lengths: str | None, column: str, tokenizer: str | None, samples: int | None,
+            model: str, hardware: str, dp: int, cp: int, tp: int, pp: int, world: int | None, zero_stage: int,
+            ckpt_layers: int, bucket_size: int | None, global_batch: int, steps: int | None, seed: int,
+            max_len: int | None, overlong: str, pack_len: int | None, micro_batch_size: int | None) -> jobs.RunSpec:
     options: dict[str, Any] = {}
     if pack_len is not None:
         options["pack_len"] = pack_len

@@ -78,7 +78,7 @@ class TrainConfig:
         return self.dp * self.tp * self.pp * self.cp
 
 
-def attention_pairs(start: np.ndarray | int, stop: np.ndarray | int, causal: float = 0.5) -> np.ndarray | float:
+def attention_pairs(start: np.ndarray | float, stop: np.ndarray | float, causal: float = 0.5) -> np.ndarray | float:
     """(query, key) pairs of a piece [start, stop) of a causal document: ``causal · (stop² − start²)``.
 
     >>> attention_pairs(0, 4, 1.0) + attention_pairs(0, 4, 1.0)      # two documents of 4: 2 · 4², not 8²
@@ -139,7 +139,7 @@ class CostModel:
         cp = self.cfg.cp if sharded else 1
         pairs = attention_pairs(0, length, self.cfg.causal_factor) / cp
         q = length / (2 * cp) if sharded else length
-        return self.linear_s(length / cp) + self.attn_s(pairs, q) + self.fixed_s
+        return float(self.linear_s(length / cp)) + float(self.attn_s(pairs, q)) + self.fixed_s
 
     # --- communication --------------------------------------------------------------------------------------
     def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None) -> float:

@@ -74,6 +74,7 @@ def load_workload(spec: RunSpec) -> tuple[np.ndarray, int | None]:
         from .sources import hf_tokenizer
 
         tok = hf_tokenizer(spec.tokenizer)
+    assert spec.lengths_file is not None
     lengths = load_lengths(spec.lengths_file, column=spec.column, tokenizer=tok)
     if spec.samples is not None:
         if spec.samples < 1:

@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+
+Weights = Sequence[int] | np.ndarray
 
 __all__ = ["next_fit", "first_fit_dec", "best_fit_dec", "isf", "spfhp", "lpt", "karmarkar_karp", "PACKERS"]
 
 
-def _check(weights: Sequence[int], capacity: int) -> np.ndarray:
+def _check(weights: Weights, capacity: int) -> np.ndarray:
     w = np.asarray(weights, dtype=np.int64)
     if capacity < 1:
         raise ValueError(f"bin capacity {capacity}: must be >= 1")
@@ -44,7 +47,7 @@ def _check(weights: Sequence[int], capacity: int) -> np.ndarray:
     return w
 
 
-def next_fit(weights: Sequence[int], capacity: int) -> list[list[int]]:
+def next_fit(weights: Weights, capacity: int) -> list[list[int]]:
     """Items in the given order; close the open bin when the next item does not fit."""
     w = _check(weights, capacity)
     bins: list[list[int]] = []
@@ -63,7 +66,7 @@ def _decreasing(w: np.ndarray) -> list[int]:
     return np.lexsort((np.arange(w.size), -w)).tolist()
 
 
-def first_fit_dec(weights: Sequence[int], capacity: int) -> list[list[int]]:
+def first_fit_dec(weights: Weights, capacity: int) -> list[list[int]]:
     """First-fit decreasing: ≤ 11/9·OPT + 6/9 bins."""
     w = _check(weights, capacity)
     bins: list[list[int]] = []
@@ -81,7 +84,7 @@ def first_fit_dec(weights: Sequence[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def best_fit_dec(weights: Sequence[int], capacity: int) -> list[list[int]]:
+def best_fit_dec(weights: Weights, capacity: int) -> list[list[int]]:
     """Best-fit decreasing: the bin left with the least room; same worst case as FFD, often tighter."""
     w = _check(weights, capacity)
     bins: list[list[int]] = []
@@ -101,7 +104,7 @@ def best_fit_dec(weights: Sequence[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def isf(weights: Sequence[int], capacity: int, *, threshold: int | None = None, iters: int = 10,
+def isf(weights: Weights, capacity: int, *, threshold: int | None = None, iters: int = 10,
         seed: int = 0) -> list[list[int]]:
     """ISF, Iterative Sampling and Filtering (OmniBal, HBP's packer; PAPERS.md §4.10).
 
@@ -123,14 +126,14 @@ def isf(weights: Sequence[int], capacity: int, *, threshold: int | None = None, 
         if it == iters:
             accepted.extend(bins)
             break
-        rest = []
+        rest: list[list[int]] = []
         for b in bins:
             (accepted if int(w[b].sum()) >= threshold else rest).append(b)
         pool = np.array([i for b in rest for i in b], dtype=np.int64)
     return accepted
 
 
-def spfhp(weights: Sequence[int], capacity: int) -> list[list[int]]:
+def spfhp(weights: Weights, capacity: int) -> list[list[int]]:
     """Shortest-pack-first histogram packing (Krell et al.): items by size, longest first, each into the open
     pack with the least remaining room that still fits (packs indexed by remaining room, not searched)."""
     w = _check(weights, capacity)
@@ -159,7 +162,7 @@ def spfhp(weights: Sequence[int], capacity: int) -> list[list[int]]:
     return packs
 
 
-def lpt(costs: Sequence[float], k: int) -> list[list[int]]:
+def lpt(costs: Sequence[float] | np.ndarray, k: int) -> list[list[int]]:
     """Longest processing time first: heaviest item to the currently lightest group (≤ 4/3 · OPT makespan)."""
     c = np.asarray(costs, dtype=np.float64)
     heap = [(0.0, g) for g in range(k)]
@@ -171,13 +174,13 @@ def lpt(costs: Sequence[float], k: int) -> list[list[int]]:
     return groups
 
 
-def karmarkar_karp(costs: Sequence[float], k: int) -> list[list[int]]:
+def karmarkar_karp(costs: Sequence[float] | np.ndarray, k: int) -> list[list[int]]:
     """k-way largest differencing (Karmarkar-Karp): repeatedly merge the two partitions with the largest spread,
     pairing the heaviest group of one with the lightest of the other. Usually far better than LPT on many items."""
     c = np.asarray(costs, dtype=np.float64)
     if c.size == 0:
         return [[] for _ in range(k)]
-    heap = []
+    heap: list[tuple[float, int, list[Any]]] = []
     for i in range(c.size):
         groups = [(float(c[i]), [i])] + [(0.0, []) for _ in range(k - 1)]
         heapq.heappush(heap, (-float(c[i]), i, groups))

@@ -94,7 +94,7 @@ def _micro_batch(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndarray, 
         pairs = causal * (end * end - p.start * p.start)
         if p.cp_rank is None and cp > 1:
             tok_dist += math.ceil(n / cp)
-            attn_dist += cost.attn_s(pairs / cp, n / (2 * cp), ckpt)
+            attn_dist += float(cost.attn_s(pairs / cp, n / (2 * cp), ckpt))
             shard_tokens += n
             prefix += p.start / cp
         else:
