@@ -152,8 +152,8 @@ def _a100() -> HardwareSpec:
 
 def _cpu() -> HardwareSpec:
     # A 2-core host running gloo over loopback. Rough until `longpack calibrate` measures it.
-    gloo: dict[str, tuple[tuple[float, float], ...]] = {k: ((0.0625, 60.0), (1.0, 600.0), (16.0, 9000.0), (256.0, 144000.0)) for k in
-            ("all_gather", "reduce_scatter", "all_to_all")}
+    rows = ((0.0625, 60.0), (1.0, 600.0), (16.0, 9000.0), (256.0, 144000.0))
+    gloo: dict[str, tuple[tuple[float, float], ...]] = {k: rows for k in ("all_gather", "reduce_scatter", "all_to_all")}
     gloo["all_reduce"] = ((0.0625, 90.0), (1.0, 1200.0), (16.0, 18000.0), (256.0, 288000.0))
     return HardwareSpec(name="cpu", peak_flops=1.5e11, memory_gib=24.0, gpus_per_node=64, intra_node_gbps=2.0,
                         inter_node_gbps=2.0, table_bus_gbps=2.0, mfu_gemm=0.5, mfu_attn=0.25, gemm_half_tokens=16.0,
