@@ -19,6 +19,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Plan, simulate and compare packing/balancing schedules for long-context SFT.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of longpack itself.")
 app.add_typer(bench_app, name="bench")
+reproduce_app = typer.Typer(no_args_is_help=True, help="Re-run a paper's experiments in the simulator.")
+app.add_typer(reproduce_app, name="reproduce")
 
 Workload = Annotated[str | None, typer.Option(help="Built-in workload name (see `longpack stats --help`).")]
 Lengths = Annotated[str | None, typer.Option("--lengths", help="File of lengths: .txt (one per line), .npy, "
@@ -45,13 +47,34 @@ PackLen = Annotated[int | None, typer.Option(help="Pack length for isf/ffd/bfd/s
 MicroBatchSize = Annotated[int | None, typer.Option(help="Max rows of padded micro-batches (default 8; 0: as many "
                                                  "as the token cap allows).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+Opt = Annotated[list[str] | None, typer.Option("--opt", help="Planner option KEY=VALUE (repeatable), e.g. "
+                                               "rollback=longest, micro_batch_size=1.")]
+
+
+def _options(opts: list[str] | None) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (ints and floats parsed)."""
+    out: dict[str, Any] = {}
+    for item in opts or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--opt {item!r}: expected KEY=VALUE")
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = value
+    return out
 
 
 def _common(workload: str | None, lengths: str | None, column: str, tokenizer: str | None, samples: int | None,
             model: str, hardware: str, dp: int, cp: int, tp: int, pp: int, world: int | None, zero_stage: int,
             ckpt_layers: int, bucket_size: int | None, global_batch: int, steps: int | None, seed: int,
-            max_len: int | None, overlong: str, pack_len: int | None, micro_batch_size: int | None) -> jobs.RunSpec:
-    options: dict[str, Any] = {}
+            max_len: int | None, overlong: str, pack_len: int | None, micro_batch_size: int | None,
+            opt: list[str] | None = None) -> jobs.RunSpec:
+    options: dict[str, Any] = _options(opt)
     if pack_len is not None:
         options["pack_len"] = pack_len
     if micro_batch_size is not None:
@@ -90,11 +113,11 @@ def plan(planner: Annotated[str, typer.Option(help="Planner name.")] = "fixed_cp
          cp: Cp = 1, tp: Tp = 1, pp: Pp = 1, world: World = None, zero_stage: Zero = 2, ckpt_layers: Ckpt = 0,
          bucket_size: Bucket = None, global_batch: GlobalBatch = 256, steps: Steps = None, seed: Seed = 0,
          max_len: MaxLen = None, overlong: Overlong = "split", pack_len: PackLen = None,
-         micro_batch_size: MicroBatchSize = None) -> None:
+         micro_batch_size: MicroBatchSize = None, opt: Opt = None) -> None:
     """Plan the workload with one planner and write the validated Plan JSON."""
     spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
                    zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
-                   micro_batch_size)
+                   micro_batch_size, opt)
     data, default_max_len = jobs.load_workload(spec)
     cost = jobs.build_cost(spec)
     result, seconds = jobs.run_plan(planner, data, spec, cost, default_max_len)
@@ -152,11 +175,11 @@ def compare(planners: Annotated[str, typer.Option(help="Comma-separated planner 
             zero_stage: Zero = 2, ckpt_layers: Ckpt = 0, bucket_size: Bucket = None,
             global_batch: GlobalBatch = 256, steps: Steps = None, seed: Seed = 0, max_len: MaxLen = None,
             overlong: Overlong = "split", pack_len: PackLen = None, micro_batch_size: MicroBatchSize = None,
-            json_out: Json = False) -> None:
+            opt: Opt = None, json_out: Json = False) -> None:
     """Several planners on the same global batches: simulated step time, speedup, efficiency, balance, memory."""
     spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
                    zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
-                   micro_batch_size)
+                   micro_batch_size, opt)
     names = [n.strip() for n in planners.split(",") if n.strip()]
     result = jobs.compare(spec, names, baseline)
     if json_out:
@@ -181,6 +204,26 @@ def bench_planning(planner: Annotated[str, typer.Option(help="Planner name.")] =
         return
     print(f"{planner}: {result['samples']} samples planned in {result['seconds']:.3f} s, "
           f"peak {result['peak_mib']:.1f} MiB")
+
+
+Steps16 = Annotated[int, typer.Option(help="Global batches simulated per configuration.")]
+RepSamples = Annotated[int, typer.Option(help="Samples drawn from each workload.")]
+
+
+@reproduce_app.command("skrull")
+def reproduce_skrull(steps: Steps16 = 16, samples: RepSamples = 50_000, seed: Seed = 0,
+                     sweeps: Annotated[bool, typer.Option(help="Also run the Fig. 4a sweeps.")] = True,
+                     json_out: Json = False) -> None:
+    """Skrull's Fig. 3 speedups, Table 3 ablation and Fig. 4a sweeps, beside the paper's figures."""
+    from .reproduce.skrull import reproduce
+
+    result = reproduce(steps=steps, samples=samples, seed=seed, sweeps=sweeps)
+    if json_out:
+        print(json.dumps(result))
+        return
+    from .report.tables import skrull_tables
+
+    skrull_tables(result)
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ class HardwareSpec:
     mfu_attn: float = 0.5
     gemm_half_tokens: float = 128.0
     attn_half_len: float = 512.0
-    layer_overhead_s: float = 60e-6
+    layer_overhead_s: float = 250e-6
     reserve_gib: float = 3.0
     fragmentation: float = 1.1
     collectives: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=lambda: dict(SKRULL_H100_TABLE))

@@ -196,7 +196,11 @@ class SPFHP(PackedBaseline):
 class FixedCP(Planner):
     """DeepSpeed-style fixed CP (Skrull's baseline, PAPERS.md §2.12): replica r takes the r-th contiguous slice
     of the global batch and packs it in arrival order (next fit) into micro-batches up to the token cap; every
-    sequence is sharded over the whole CP group, whatever its length."""
+    sequence is sharded over the whole CP group, whatever its length.
+
+    Option ``micro_batch_size`` (default 0 = pack to the cap) caps the sequences per micro-batch; 1 is DeepSpeed's
+    default ``train_micro_batch_size_per_gpu`` with gradient accumulation over single sequences, the baseline
+    Skrull measured against (DeepSpeed has no packing of its own)."""
 
     name = "fixed_cp"
 
@@ -205,7 +209,8 @@ class FixedCP(Planner):
         whole = batch.whole
         replicas = []
         for part in np.array_split(whole, dp):
-            bins = next_fit(_rank_weights(batch.lengths[part], cp), cap) if part.size else []
+            mbs = ctx.option("micro_batch_size", 0)
+            bins = next_fit(_rank_weights(batch.lengths[part], cp), cap, mbs) if part.size else []
             replicas.append([_sharded(batch, [int(part[i]) for i in b], ctx.ckpt_layers) for b in bins])
         _place_chains(batch, replicas, ctx)
         return assemble_step(replicas, cp=cp, token_cap=cap)

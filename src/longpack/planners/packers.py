@@ -47,13 +47,14 @@ def _check(weights: Weights, capacity: int) -> np.ndarray:
     return w
 
 
-def next_fit(weights: Weights, capacity: int) -> list[list[int]]:
-    """Items in the given order; close the open bin when the next item does not fit."""
+def next_fit(weights: Weights, capacity: int, max_items: int = 0) -> list[list[int]]:
+    """Items in the given order; close the open bin when the next item does not fit (or it holds
+    ``max_items`` items, when that is > 0)."""
     w = _check(weights, capacity)
     bins: list[list[int]] = []
     room = -1
     for i, x in enumerate(w.tolist()):
-        if x > room:
+        if x > room or (max_items and len(bins[-1]) >= max_items):
             bins.append([])
             room = capacity
         bins[-1].append(i)

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["stats_table", "compare_table"]
+__all__ = ["stats_table", "compare_table", "skrull_tables"]
 
 
 def _console() -> Console:
@@ -55,3 +55,31 @@ def compare_table(result: dict[str, Any], console: Console | None = None) -> Non
                   f"{r['dbr']:.3f}", f"{r['abr']:.3f}", f"{r['pr']:.3f}", f"{r['cr']:.3f}", _k(r["ave_t"]),
                   f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"]), f"{r['plan_seconds']:.3f}")
     console.print(t)
+
+
+def _x(v: Any) -> str:
+    return v if isinstance(v, str) else f"{v:.2f}x"
+
+
+def skrull_tables(result: dict[str, Any], console: Console | None = None) -> None:
+    console = console or _console()
+    t = Table("model", "dataset", "layout", "vs fixed_cp (DeepSpeed)", "paper", "vs sorted", "paper",
+              "vs fixed_cp packed", title="Skrull speedups (Fig. 3)")
+    for c in result["cells"]:
+        t.add_row(c["model"], c["dataset"], f"DP{c['dp']}xCP{c['cp']} BS{c['batch_size']}",
+                  _x(c["speedup_vs_fixed_cp"]), _x(c["paper_vs_fixed_cp"]), _x(c["speedup_vs_sorted"]),
+                  _x(c["paper_vs_sorted"]), _x(c["speedup_vs_fixed_cp_packed"]))
+    t.add_row("average", "", "", _x(result["average_vs_fixed_cp"]), _x(result["paper_average_vs_fixed_cp"]),
+              _x(result["average_vs_sorted"]), _x(result["paper_average_vs_sorted"]), "")
+    console.print(t)
+    t3 = Table("strategy", "ours", "paper", title="Table 3 (0.5B, ChatQA2, DP1xCP8, BS64)")
+    for k, v in result["table3"]["ours"].items():
+        t3.add_row(k, _x(v), _x(result["table3"]["paper"].get(k, "-")))
+    console.print(t3)
+    if "fig4a" in result:
+        f = Table("sweep", "value", "speedup vs fixed_cp", title="Fig. 4a (0.5B, ChatQA2, DP1xCP8)")
+        for bs, v in result["fig4a"]["batch_size"].items():
+            f.add_row("BatchSize", str(bs), _x(v))
+        for b, v in result["fig4a"]["bucket_size"].items():
+            f.add_row("BucketSize", _k(float(b)), _x(v))
+        console.print(f)

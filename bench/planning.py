@@ -1,0 +1,64 @@
+"""Planning cost: per global batch (online scheduling) and per full epoch, for every planner.
+
+    python bench/planning.py [--samples 1000000] [--batches 200] [--write]
+
+Per batch: 256 sequences of lmsys-chat-1m at DP4 x CP8, qwen2.5-0.5b on H100, BucketSize 26K; the median over
+``--batches`` consecutive global batches. Per epoch: every global batch of ``--samples`` samples, wall seconds
+(untraced) and peak traced memory (a second, traced run). ``--write`` puts the table in docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import tracemalloc
+
+import numpy as np
+from _report import write_section
+
+from longpack.cost import CostModel, TrainConfig
+from longpack.hardware import get_hardware
+from longpack.model import get_model
+from longpack.planners import PLANNERS, PlanContext, get_planner, global_batches
+from longpack.workloads import generate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=1_000_000)
+    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--planners", default=",".join(sorted(PLANNERS)))
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    cost = CostModel(get_model("qwen2.5-0.5b"), get_hardware("h100"), TrainConfig(dp=4, cp=8, token_cap=26 * 1024))
+    ctx = PlanContext(cost=cost)
+    lengths = generate("lmsys-chat-1m", args.samples, seed=0)
+    batches = global_batches(len(lengths), 256, seed=0)
+    rows = []
+    for name in args.planners.split(","):
+        planner = get_planner(name)
+        per_batch = []
+        for b in batches[: args.batches]:
+            t0 = time.perf_counter()
+            planner.plan(lengths, [b], ctx, max_len=128 * 1024)
+            per_batch.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        planner.plan(lengths, batches, ctx, max_len=128 * 1024)
+        epoch = time.perf_counter() - t0
+        tracemalloc.start()
+        planner.plan(lengths, batches, ctx, max_len=128 * 1024)
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        rows.append((name, float(np.median(per_batch)) * 1e3, epoch, peak))
+        print(f"{name:14s} {rows[-1][1]:8.3f} ms/batch  {epoch:7.2f} s/epoch  {peak:8.1f} MiB", flush=True)
+    if args.write:
+        body = ("| planner | ms per global batch (median) | s per epoch | peak MiB (epoch) |\n|---|---|---|---|\n"
+                + "\n".join(f"| {n} | {b:.3f} | {e:.2f} | {p:.0f} |" for n, b, e, p in rows)
+                + f"\n\nEpoch = {args.samples:,} lmsys-chat-1m samples in {len(batches):,} global batches of 256; "
+                "one process, one core busy. Peak memory is what tracemalloc sees (Python objects and numpy "
+                "buffers) during planning, lengths excluded.")
+        write_section("planning", "Planning cost", "python bench/planning.py --write", body)
+
+
+if __name__ == "__main__":
+    main()

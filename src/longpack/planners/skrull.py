@@ -1,0 +1,234 @@
+"""Skrull (NeurIPS 2025, PAPERS.md §2): global data scheduling (GDS) + distributed-aware context parallelism (DACP).
+
+The CP group stays fixed; only data placement changes.
+
+**GDS** (Algorithm 2, §2.8), per global batch:
+
+1. Split the batch over the dp replicas by estimated compute (LPT on each sequence's whole-sequence time; option
+   ``partition="kk"`` for Karmarkar-Karp).
+2. Per replica, sort ascending and try m = ceil(Σ s / (C·N)) micro-batches as strided slices ``sub[j::m]`` (each
+   gets a mix of long and short); if a slice exceeds C·N tokens or DACP fails on it, try m + 1.
+3. Pad replicas with empty micro-batches to equal counts (collectives never deadlock).
+
+**DACP** (Algorithm 1, §2.7), per micro-batch of K sequences on N CP ranks with token budget C each: in ascending
+order, put each sequence whole on the least-loaded rank if it fits, else on the rank with the most room, else
+shard it over all ranks if the tightest rank can hold ceil(s/N); if not even that, roll back: turn one local
+sequence of the tightest rank into a sharded one and retry. Loads are compute seconds from the cost model (the
+paper's FLOPs(S) and FLOPs(S, N) = FLOPs(S)/N with the kernel-efficiency loss of short shards).
+
+Rollback follows the corrected form of the errata (§2.7): the rank gets back s − ceil(s/N) tokens, every other
+rank is charged ceil(s/N), all loads are fixed, and a rank driven below zero rolls back in turn. Option
+``rollback``: ``shortest`` (default, the paper's "first local sequence", which in ascending order is the
+shortest), ``longest`` (frees the most memory per rollback: fewer rollbacks and so faster to plan, and it keeps
+more short sequences local), or ``none`` (the Table 3 ablation: a sequence that fits nowhere is sharded anyway,
+overflowing the cap — an OOM in a real run, a capacity error in ``Plan.validate``).
+
+``skrull_rr`` is the round-robin baseline of Table 3 (Algorithm 4): the same GDS, but DACP replaced by "most room
+first" with no compute balancing, taking each micro-batch's sequences in the order they were drawn (Algorithm 4
+iterates the sequences; only Algorithm 1 sorts them); the same rollback options.
+
+Guarantees (rollback on): DACP fails only when even sharding every sequence would not fit (a rank driven
+negative always still holds a local sequence to roll back); coverage, every rank within the token cap, chunk
+order for split samples, equal micro-batch counts, determinism. Termination: every rollback removes a local
+sequence and local placements only grow as the scan advances, so DACP makes at most 2K placement decisions; GDS
+tries at most K + 1 values of m and m = K always succeeds (one sequence ≤ C·N per micro-batch).
+
+Cost: O(K·N) per DACP call, O(K²·N) worst case per replica; 1.6 ms median for a 256-sequence batch at DP4·CP8
+(bench/planning.py, docs/BENCHMARKS.md).
+
+>>> import numpy as np
+>>> from longpack.cost import CostModel, TrainConfig
+>>> from longpack.hardware import get_hardware
+>>> from longpack.model import get_model
+>>> from longpack.planners.base import PlanContext
+>>> cost = CostModel(get_model("qwen2.5-0.5b"), get_hardware("h100"), TrainConfig(cp=4, token_cap=1000))
+>>> dacp([100, 200, 300, 2000], cap=1000, cp=4, t_local=[1.0, 2.0, 3.0, 30.0], t_shard=[0.5, 0.7, 1.0, 8.0])
+[0, 1, 2, None]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..plan import MicroBatch, Piece
+from .base import Batch, PlanContext, Planner, assemble_step, chain_pieces, register
+from .packers import karmarkar_karp, lpt
+
+__all__ = ["dacp", "round_robin", "Skrull", "SkrullRR", "sequence_costs"]
+
+ROLLBACKS = ("shortest", "longest", "none")
+
+
+class _Ranks:
+    """Budgets, loads and local sequences of the N CP ranks while one micro-batch is being placed."""
+
+    def __init__(self, cap: int, cp: int) -> None:
+        self.room = [cap] * cp
+        self.load = [0.0] * cp
+        self.local: list[list[int]] = [[] for _ in range(cp)]
+
+    def put_local(self, i: int, r: int, s: int, t: float) -> None:
+        self.room[r] -= s
+        self.load[r] += t
+        self.local[r].append(i)
+
+    def put_sharded(self, shard: int, t: float) -> None:
+        for r in range(len(self.room)):
+            self.room[r] -= shard
+            self.load[r] += t
+
+
+def _rollback(ranks: _Ranks, r: int, place: list, lengths: Sequence[int], t_local: Sequence[float],
+              t_shard: Sequence[float], cp: int, longest: bool) -> bool:
+    """Turn a local sequence of rank r into a sharded one (corrected errata); cascade while a rank is negative."""
+    pending = [r]
+    while pending:
+        r = pending.pop()
+        if not ranks.local[r]:
+            return False
+        pick = max(ranks.local[r], key=lambda i: (lengths[i], i)) if longest else ranks.local[r][0]
+        ranks.local[r].remove(pick)
+        s, shard = lengths[pick], math.ceil(lengths[pick] / cp)
+        ranks.room[r] += s
+        ranks.load[r] -= t_local[pick]
+        ranks.put_sharded(shard, t_shard[pick])
+        place[pick] = None
+        pending.extend(q for q in range(cp) if ranks.room[q] < 0 and q not in pending)
+    return True
+
+
+def _place(lengths: Sequence[int], cap: int, cp: int, t_local: Sequence[float], t_shard: Sequence[float],
+           rollback: str, balance: bool) -> list[int | None] | None:
+    """Shared loop of DACP (balance=True) and round-robin (balance=False); see the module docstring."""
+    ranks = _Ranks(cap, cp)
+    place: list[int | None] = [None] * len(lengths)
+    i = 0
+    while i < len(lengths):
+        s = int(lengths[i])
+        shard = math.ceil(s / cp)
+        t = min(range(cp), key=lambda r: (ranks.load[r], r))
+        if not (balance and ranks.room[t] >= s):
+            t = max(range(cp), key=lambda r: (ranks.room[r], -r))
+        if ranks.room[t] >= s:
+            ranks.put_local(i, t, s, t_local[i])
+            place[i] = t
+            i += 1
+            continue
+        tight = min(range(cp), key=lambda r: (ranks.room[r], r))
+        if ranks.room[tight] >= shard or rollback == "none":
+            ranks.put_sharded(shard, t_shard[i])  # with rollback "none" this may overflow: an OOM
+            place[i] = None
+            i += 1
+            continue
+        if not _rollback(ranks, tight, place, lengths, t_local, t_shard, cp, rollback == "longest"):
+            return None
+    return place
+
+
+def dacp(lengths: Sequence[int], *, cap: int, cp: int, t_local: Sequence[float], t_shard: Sequence[float],
+         rollback: str = "shortest") -> list[int | None] | None:
+    """Skrull DACP for one micro-batch given in ascending length order: the CP rank of each local sequence, None
+    for sharded ones; None overall when even rollback cannot fit it (GDS then uses more micro-batches)."""
+    return _place(lengths, cap, cp, t_local, t_shard, rollback, balance=True)
+
+
+def round_robin(lengths: Sequence[int], *, cap: int, cp: int, t_local: Sequence[float], t_shard: Sequence[float],
+                rollback: str = "shortest") -> list[int | None] | None:
+    """Table 3's round-robin: most room first, shard if nothing fits, no compute balancing."""
+    return _place(lengths, cap, cp, t_local, t_shard, rollback, balance=False)
+
+
+def sequence_costs(lengths: np.ndarray, ctx: PlanContext) -> tuple[np.ndarray, np.ndarray]:
+    """(whole on one rank, one rank's share when sharded) compute per sequence: seconds from the cost model, or
+    with option ``loads=flops`` the paper's FLOPs(S) and FLOPs(S)/N (PAPERS.md §1, §2.3)."""
+    cost, cp = ctx.cost, ctx.cp
+    s = lengths.astype(np.float64)
+    if ctx.option("loads", "time") == "flops":
+        f = cost.model.skrull_layer_flops(s)
+        return f, f / cp
+    pairs = cost.cfg.causal_factor * s * s
+    local = np.asarray(cost.linear_s(s, ideal=True)) + np.asarray(cost.attn_s(pairs, s))
+    q = s / (2 * cp) if cp > 1 else s
+    shard = np.asarray(cost.linear_s(s / cp, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q))
+    return local, shard
+
+
+class Skrull(Planner):
+    """Skrull: GDS over DP replicas + DACP inside each micro-batch (see the module docstring)."""
+
+    name = "skrull"
+    placer = staticmethod(dacp)
+    draw_order = False  # DACP sorts each micro-batch ascending; round-robin takes sequences as drawn
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext):
+        cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
+        rollback = ctx.option("rollback", "shortest")
+        if rollback not in ROLLBACKS:
+            raise ValueError(f"--opt rollback={rollback}: choose one of {', '.join(ROLLBACKS)}")
+        whole = batch.whole
+        t_local, t_shard = sequence_costs(batch.lengths, ctx)
+        part = karmarkar_karp if ctx.option("partition", "lpt") == "kk" else lpt
+        bins = part(t_local[whole], dp) if whole.size else [[] for _ in range(dp)]
+        replicas = []
+        for b in bins:
+            pos = whole[np.asarray(b, dtype=np.int64)]
+            pos = pos[np.lexsort((batch.samples[pos], batch.lengths[pos]))]  # ascending, ties by sample id
+            replicas.append(self._micro_batches(batch, pos, t_local, t_shard, ctx, rollback))
+        self._place_chains(batch, replicas, t_shard, ctx)
+        return assemble_step(replicas, cp=cp, token_cap=cap)
+
+    def _micro_batches(self, batch: Batch, pos: np.ndarray, t_local: np.ndarray, t_shard: np.ndarray,
+                       ctx: PlanContext, rollback: str) -> list[MicroBatch]:
+        """GDS step 2: the fewest strided micro-batches for which every slice fits and DACP succeeds."""
+        if pos.size == 0:
+            return []
+        cap, cp = ctx.token_cap, ctx.cp
+        lengths = batch.lengths[pos]
+        # Σ ceil(s/cp) per rank is what must fit; start one below the fewest micro-batches that could hold it.
+        m = max(1, math.ceil(int((-(-lengths // cp)).sum()) / cap)) - 1
+        while m < pos.size:
+            m += 1
+            slices = [np.arange(j, pos.size, m) for j in range(m)]
+            placed = []
+            for sl in slices:
+                if int((-(-lengths[sl] // cp)).sum()) > cap * cp:
+                    break
+                p = np.sort(pos[sl]) if self.draw_order else pos[sl]
+                where = self.placer(batch.lengths[p].tolist(), cap=cap, cp=cp, t_local=t_local[p].tolist(),
+                                    t_shard=t_shard[p].tolist(), rollback=rollback)
+                if where is None:
+                    break
+                placed.append(MicroBatch(pieces=tuple(
+                    Piece(int(batch.samples[k]), 0, int(batch.lengths[k]), r) for k, r in zip(p, where, strict=True)),
+                    ckpt_layers=ctx.ckpt_layers))
+            else:
+                return placed
+        raise AssertionError("unreachable: one sequence per micro-batch always fits")
+
+    @staticmethod
+    def _place_chains(batch: Batch, replicas: list[list[MicroBatch]], t_shard: np.ndarray, ctx: PlanContext) -> None:
+        """Over-long samples: a chain of sharded pieces, one per micro-batch, on the replica with least work."""
+        load = [0.0] * len(replicas)
+        for r, mbs in enumerate(replicas):
+            for mb in mbs:
+                load[r] += sum(p.stop - p.start for p in mb.pieces)
+        for i in batch.chains.tolist():
+            r = min(range(len(replicas)), key=lambda k: (load[k], k))
+            for p in chain_pieces(int(batch.samples[i]), int(batch.lengths[i]), batch.piece_len):
+                replicas[r].append(MicroBatch(pieces=(p,), ckpt_layers=ctx.ckpt_layers))
+            load[r] += int(batch.lengths[i])
+
+
+register(Skrull)
+
+
+@register
+class SkrullRR(Skrull):
+    """Skrull's GDS with the round-robin placement of Table 3 instead of DACP."""
+
+    name = "skrull_rr"
+    placer = staticmethod(round_robin)
+    draw_order = True
