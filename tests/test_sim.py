@@ -61,7 +61,13 @@ def test_chain_piece_attends_to_its_prefix_and_stores_kv(toy_model, toy_hw):
     assert step.time_s == pytest.approx(10 * LIN + 50 * PAIR)  # 18 + 32 pairs = the whole document's 50
     kv = 6 * 8 * 2 * 2  # 6 stored tokens x K/V width 8 x 2 bytes x 2 layers
     assert cost.memory_bytes(4, prefix_tokens=6) == pytest.approx(cost.memory_bytes(4) + kv)
+    # No chunk is recomputed, so the first chunk's activations are still held when the second runs forward.
+    assert step.peak_mem_bytes[0] == pytest.approx(cost.memory_bytes(10) + kv)
+    recomputed = (MicroBatch((Piece(0, 0, 6),), recompute=True), MicroBatch((Piece(0, 6, 10),)))
+    plan = Plan("t", 1, {0: 10}, (Step(cp=1, token_cap=10**9, replicas=(Replica(recomputed),)),))
+    step = simulate(plan, cost).steps[0]
     assert step.peak_mem_bytes[0] == pytest.approx(max(cost.memory_bytes(6), cost.memory_bytes(4) + kv))
+    assert step.time_s == pytest.approx(10 * LIN + 50 * PAIR + 6 * LIN / 3 + 18 * PAIR / 3.5)  # one more forward
 
 
 def test_oom_is_flagged(toy_model, toy_hw):

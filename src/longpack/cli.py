@@ -206,6 +206,30 @@ def bench_planning(planner: Annotated[str, typer.Option(help="Planner name.")] =
           f"peak {result['peak_mib']:.1f} MiB")
 
 
+@app.command()
+def pipeline(lengths: Annotated[str, typer.Option("--lengths", help="Comma-separated sequence lengths of one step "
+                                                  "(forward time units), e.g. 4,2,1,1.")],
+             pp: Annotated[int, typer.Option(help="Pipeline stages.")] = 4,
+             chunk_size: Annotated[float | None, typer.Option(help="State-aware 1F1B with this ChunkSize.")] = None,
+             k: Annotated[int, typer.Option(help="Chunks of a chain that keep activations.")] = 1,
+             bwd_ratio: Annotated[float, typer.Option(help="Backward time / forward time.")] = 2.0,
+             json_out: Json = False) -> None:
+    """Bubble ratio of one step through a pipeline: 1F1B, or ChunkFlow's state-aware 1F1B with --chunk-size."""
+    from .sim.pipeline import Item, chunk_items, schedule
+
+    try:
+        xs = [float(x) for x in lengths.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lengths {lengths!r}: expected comma-separated numbers like 4,2,1,1") from None
+    if not xs or min(xs) <= 0 or pp < 1 or k < 1 or (chunk_size is not None and chunk_size <= 0):
+        raise ValueError("--lengths must be positive numbers, --pp and --k >= 1, --chunk-size > 0")
+    items = [Item(x) for x in xs] if chunk_size is None else chunk_items(xs, chunk_size, k)
+    res = schedule(items, pp, bwd_ratio=bwd_ratio, k=k)
+    out = {"bubble_ratio": res.bubble_ratio, "makespan": res.makespan, "useful": res.useful,
+           "recompute": res.recompute}
+    print(json.dumps(out) if json_out else f"bubble ratio {100 * res.bubble_ratio:.2f}% (makespan {res.makespan:g})")
+
+
 Steps16 = Annotated[int, typer.Option(help="Global batches simulated per configuration.")]
 RepSamples = Annotated[int, typer.Option(help="Samples drawn from each workload.")]
 
@@ -224,6 +248,21 @@ def reproduce_skrull(steps: Steps16 = 16, samples: RepSamples = 50_000, seed: Se
     from .report.tables import skrull_tables
 
     skrull_tables(result)
+
+
+@reproduce_app.command("chunkflow")
+def reproduce_chunkflow(steps: Annotated[int, typer.Option(help="Global batches per configuration.")] = 8,
+                        samples: RepSamples = 50_000, seed: Seed = 0, json_out: Json = False) -> None:
+    """ChunkFlow's pipeline toy, 7B speedups at 32K/256K, (ChunkSize, K) sweep and memory vs context."""
+    from .reproduce.chunkflow import reproduce
+
+    result = reproduce(steps=steps, samples=samples, seed=seed)
+    if json_out:
+        print(json.dumps(result))
+        return
+    from .report.tables import chunkflow_tables
+
+    chunkflow_tables(result)
 
 
 def main() -> None:

@@ -202,8 +202,9 @@ class CostModel:
         return (per_token + logits) / self.cfg.tp
 
     def kv_store_bytes(self, prefix_tokens: float) -> float:
-        """K/V kept for ``prefix_tokens`` earlier tokens of a chunk chain (ChunkFlow's state store), all layers."""
-        return prefix_tokens * self._kv_bytes_per_token * self.model.layers
+        """K/V kept for ``prefix_tokens`` earlier tokens of a chunk chain (ChunkFlow's state store), for the
+        layers of this pipeline stage: 2·layers·S·h_kv·bytes (PAPERS.md §3.3), divided by tp."""
+        return prefix_tokens * self._kv_bytes_per_token * self.layers
 
     def memory_bytes(self, tokens: float, ckpt_layers: int | None = None, prefix_tokens: float = 0.0) -> float:
         """Peak bytes of one rank holding ``tokens`` tokens of activations."""
@@ -230,4 +231,5 @@ class CostModel:
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _k(self, ckpt_layers: int | None) -> int:
-        return self.cfg.ckpt_layers if ckpt_layers is None else min(ckpt_layers, self.layers)
+        k = self.cfg.ckpt_layers if ckpt_layers is None else ckpt_layers
+        return min(k, self.layers)  # per pipeline stage

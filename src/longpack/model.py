@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ModelSpec", "MODEL_PRESETS", "get_model", "UnknownNameError"]
 
@@ -148,7 +149,7 @@ class ModelSpec:
         """Forward FLOPs per token of the LM head (the embedding lookup costs none)."""
         return 2.0 * self.hidden * self.vocab
 
-    def skrull_layer_flops(self, s: float) -> float:
+    def skrull_layer_flops(self, s: Any) -> Any:
         """Skrull's per-layer forward FLOPs for one sequence (PAPERS.md §1):
         ``20·h²·S + 4·h·h_kv·S + 4·h·S²`` with h_kv = KV heads x head dim. It assumes a 4h non-gated MLP,
         so it under-counts gated MLPs (Qwen2.5-0.5B's is 5.4h wide and gated); kept to check the paper's claims."""

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["stats_table", "compare_table", "skrull_tables"]
+__all__ = ["stats_table", "compare_table", "skrull_tables", "chunkflow_tables"]
 
 
 def _console() -> Console:
@@ -83,3 +83,32 @@ def skrull_tables(result: dict[str, Any], console: Console | None = None) -> Non
         for b, v in result["fig4a"]["bucket_size"].items():
             f.add_row("BucketSize", _k(float(b)), _x(v))
         console.print(f)
+
+
+def chunkflow_tables(result: dict[str, Any], console: Console | None = None) -> None:
+    console = console or _console()
+    toy = result["toy"]
+    t = Table("schedule (lengths 4,2,1,1, PP 4)", "bubble ours", "paper", title="Pipeline toy (§3.4)")
+    for key, label in (("1f1b", "1F1B"), ("k2", "state-aware, ChunkSize 2, K=2"),
+                       ("k1", "state-aware, ChunkSize 2, K=1"), ("chunk4_k1", "state-aware, ChunkSize 4, K=1")):
+        t.add_row(label, f"{100 * toy[key]:.2f}%", f"{100 * toy['paper'][key]:.1f}%")
+    t.add_row("state-aware, K=1, recompute after the gradient arrives", f"{100 * toy['k1_late_recompute']:.2f}%",
+              f"{100 * toy['paper']['k1']:.1f}%")
+    console.print(t, toy["note"])
+    s = Table("context", "one_seq s/step", "chunkflow s/step", "speedup", "paper", "bubble one_seq/chunkflow",
+              title="Qwen2.5-7B on lmsys-chat-1m vs one_seq (§3.8)")
+    for label, r in result["speedups"].items():
+        s.add_row(label, f"{r['one_seq']['step_time_s']:.3f}", f"{r['chunkflow']['step_time_s']:.3f}",
+                  _x(r["speedup_vs_one_seq"]), _x(r["paper"]),
+                  f"{r['one_seq']['bubble_ratio']:.3f} / {r['chunkflow']['bubble_ratio']:.3f}")
+    console.print(s)
+    w = Table("(ChunkSize, K)", "ours ms", "paper ms", title="256K sensitivity, ChunkSize x K = 32K (§3.5)")
+    for key, ms in result["sweep"]["ours_ms"].items():
+        w.add_row(key, f"{ms:.0f}", str(result["sweep"]["paper_ms"].get(key, "-")))
+    console.print(w)
+    m = Table("context", "chunkflow GiB", "one_seq GiB", title="Peak memory vs context (" +
+              result["memory"]["setup"] + ")")
+    mem = result["memory"]["peak_mem_gib"]
+    for ctx in mem["chunkflow"]:
+        m.add_row(_k(float(ctx)), f"{mem['chunkflow'][ctx]:.1f}", f"{mem['one_seq'][ctx]:.1f}")
+    console.print(m)

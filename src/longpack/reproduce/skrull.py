@@ -41,7 +41,7 @@ def _layout(model: str, dataset: str) -> tuple[int, int, int]:
 def _cell(model: str, dataset: str, lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     dp, cp, bs = _layout(model, dataset)
     cost = calibrated_cost(model, "h100", bucket=BUCKET[model], dp=dp, cp=cp)
-    run = dict(batch=dp * bs, steps=steps, seed=seed, max_len=get_workload(dataset).default_max_len)
+    run: dict[str, Any] = dict(batch=dp * bs, steps=steps, seed=seed, max_len=get_workload(dataset).default_max_len)
     res = {"skrull": run_planner("skrull", lengths, cost, **run),
            "fixed_cp": run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run),
            "sorted": run_planner("sorted", lengths, cost, **run),
@@ -64,7 +64,7 @@ def _speedup_or_oom(name: str, lengths: np.ndarray, cost, base: float, **run: An
 def _table3(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     """0.5B, ChatQA2, DP1 x CP8, BatchSize 64, BucketSize 26K: placement strategies with and without rollback."""
     cost = calibrated_cost("qwen2.5-0.5b", "h100", bucket=26 * K, dp=1, cp=8)
-    run = dict(batch=64, steps=steps, seed=seed)
+    run: dict[str, Any] = dict(batch=64, steps=steps, seed=seed)
     base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
     out: dict[str, Any] = {}
     for name in ("skrull_rr", "skrull"):
@@ -81,7 +81,7 @@ def _fig4a(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     cost = calibrated_cost("qwen2.5-0.5b", "h100", bucket=26 * K, dp=1, cp=8)
     for bs in (8, 16, 24, 32, 40, 48, 56, 64):
         # the same samples at every point: steps x 64 of them, cut into batches of bs
-        run = dict(batch=bs, steps=steps * 64 // bs, seed=seed)
+        run: dict[str, Any] = dict(batch=bs, steps=steps * 64 // bs, seed=seed)
         base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
         by_batch[bs] = _speedup_or_oom("skrull", lengths, cost, base, **run)
     by_bucket = {}

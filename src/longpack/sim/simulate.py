@@ -9,11 +9,15 @@ Per micro-batch and CP rank j (Skrull Eq. 2, PAPERS.md §2.4):
 * ``T_comm``: the K/V all-gathers and gradient reduce-scatters of the sharded pieces, overlapped with local
   compute. The CP ranks meet in those collectives every layer, so a micro-batch takes ``max_j time_j``.
 
-A replica's time is the sum over its micro-batches (with pp > 1 plus (pp−1) times its longest micro-batch, the
-1F1B fill/drain; sim/pipeline.py models pipelines exactly). A step takes its slowest replica plus the gradient
-all-reduce. Idle is what a rank waits for the step's slowest rank. Memory per rank is the cost model's
-``static + α·tokens + reserve`` plus the stored K/V of earlier chunks when a piece starts past token 0; a rank
-over the hardware's memory is an OOM.
+A replica's time is the sum over its micro-batches; with pp > 1 it is the makespan of its micro-batches through
+the pipeline (sim/pipeline.py: 1F1B, or state-aware 1F1B when chunk chains are present), and the step reports the
+bubble ratio. A step takes its slowest replica plus the gradient all-reduce. Idle is what a rank waits for the
+step's slowest rank.
+
+Memory per rank is the cost model's ``static + α·tokens + reserve``, where tokens include the activations a chunk
+chain still holds: a chain runs forward over all its chunks before its backward (descending), so every earlier
+chunk not marked ``recompute`` keeps its activations until then; plus the stored K/V of the chain's earlier tokens.
+A rank over the hardware's memory is an OOM.
 
 Padded micro-batches (``pad_to > 0``) compute every row at the padded length: padding costs time and memory.
 Cost: O(pieces + ranks) per micro-batch.
@@ -29,6 +33,8 @@ import numpy as np
 from ..cost import CostModel
 from ..plan import MicroBatch, Plan, Step
 from .bounds import step_lower_bound
+from .pipeline import Item
+from .pipeline import schedule as pipeline_schedule
 
 __all__ = ["StepReport", "SimReport", "simulate", "simulate_step"]
 
@@ -42,6 +48,7 @@ class StepReport:
     time_s: float
     allreduce_s: float
     lower_bound_s: float
+    bubble_ratio: float
     replica_s: tuple[float, ...]
     compute_s: tuple[float, ...]
     comm_s: tuple[float, ...]
@@ -128,10 +135,11 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepRe
     comm = np.zeros(n_ranks)
     overlap = np.zeros(n_ranks)
     peak = np.zeros(n_ranks)
-    replica_s = []
+    replica_s, bubbles = [], []
     for r, rep in enumerate(reps):
         sl = slice(r * cp, (r + 1) * cp)
         mb_times = []
+        held: dict[int, np.ndarray] = {}  # chain sample -> activation tokens per rank its kept chunks hold
         for mb in rep.micro_batches:
             time, local, dist, c, tokens, prefix = _micro_batch(mb, cp, cost)
             mb_times.append(float(time.max()) if mb.pieces else 0.0)
@@ -139,10 +147,22 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepRe
             compute[sl] += local + dist
             comm[sl] += c
             overlap[sl] += np.minimum(c, local)
-            mem = [cost.memory_bytes(t, mb.ckpt_layers, p) for t, p in zip(tokens, prefix, strict=True)]
+            chains = [p for p in mb.pieces if p.start > 0 or p.stop < plan.effective_length(p.sample)]
+            resident = tokens + sum((held.get(p.sample, 0.0) for p in chains), np.zeros(cp))
+            mem = [cost.memory_bytes(t, mb.ckpt_layers, p) for t, p in zip(resident, prefix, strict=True)]
             peak[sl] = np.maximum(peak[sl], mem)
-        bubble = (cost.cfg.pp - 1) * max(mb_times, default=0.0)
-        replica_s.append(sum(mb_times) + bubble)
+            for p in chains:
+                if p.stop == plan.effective_length(p.sample):
+                    held.pop(p.sample, None)  # last chunk: the chain's backward runs and frees it all
+                elif not mb.recompute:
+                    held[p.sample] = held.get(p.sample, np.zeros(cp)) + tokens
+        if cost.cfg.pp > 1:
+            res = pipeline_schedule(_pipeline_items(rep.micro_batches, mb_times, plan, cost), cost.cfg.pp,
+                                    k=_kept_chunks(rep.micro_batches, plan))
+            replica_s.append(res.makespan)
+            bubbles.append(res.bubble_ratio)
+        else:
+            replica_s.append(sum(mb_times))
     has_work = any(mb.pieces for rep in reps for mb in rep.micro_batches)
     allreduce = cost.grad_allreduce_s() if has_work else 0.0
     slowest = max(replica_s, default=0.0)
@@ -151,9 +171,32 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepRe
     lb = step_lower_bound(np.asarray(lengths, dtype=np.float64), cost) if has_work else 0.0
     oom = tuple(int(i) for i in np.flatnonzero(peak > cost.hw.memory_bytes))
     return StepReport(step=index, cp=cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
+                      bubble_ratio=max(bubbles, default=0.0),
                       replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
                       overlap_s=tuple(overlap.tolist()), idle_s=tuple((slowest - busy).tolist()),
                       peak_mem_bytes=tuple(peak.tolist()), oom_ranks=oom)
+
+
+def _pipeline_items(mbs: tuple[MicroBatch, ...], times: list[float], plan: Plan, cost: CostModel) -> list[Item]:
+    """Micro-batches as pipeline items: per-stage forward time (the micro-batch time is F + 2F (+ F recompute)),
+    chained when they hold pieces of the same split sample."""
+    items = []
+    for mb, t in zip(mbs, times, strict=True):
+        if not mb.pieces:
+            continue
+        chain = next((p.sample for p in mb.pieces if p.start > 0 or p.stop < plan.effective_length(p.sample)), None)
+        items.append(Item(fwd=t / (3.0 + (1.0 if mb.recompute else 0.0)), chain=chain, recompute=mb.recompute))
+    return items
+
+
+def _kept_chunks(mbs: tuple[MicroBatch, ...], plan: Plan) -> int:
+    """K of a replica's chains: the most chunks one chain keeps activations for (1 when there are none)."""
+    kept: dict[int, int] = {}
+    for mb in mbs:
+        for p in mb.pieces:
+            if (p.start > 0 or p.stop < plan.effective_length(p.sample)) and not mb.recompute:
+                kept[p.sample] = kept.get(p.sample, 0) + 1
+    return max(kept.values(), default=1)
 
 
 def _with_cp(cost: CostModel, cp: int, dp: int) -> CostModel:
