@@ -36,7 +36,7 @@ PAPER = {"toy": {"1f1b": 0.5714, "k1": 0.541, "k2": 0.478, "chunk4_k1": 0.60},
 
 def toy() -> dict[str, Any]:
     """Bubble ratios of the §3.4 toy; K = 1 also with recompute counted as work."""
-    lengths = [4, 2, 1, 1]
+    lengths: list[float] = [4, 2, 1, 1]
     k1 = schedule(chunk_items(lengths, 2, 1), 4, k=1)
     late = schedule(chunk_items(lengths, 2, 1), 4, k=1, eager_recompute=False)
     return {"1f1b": schedule([Item(x) for x in lengths], 4).bubble_ratio,
@@ -103,8 +103,8 @@ def memory_vs_context(seed: int) -> dict[str, Any]:
         base = _run("one_seq", lengths, _cost(1, 4, 28), ctx_k * K, 1, seed, batches=batch)  # full recompute
         out["chunkflow"][ctx_k * K] = cf["peak_mem_gib"]
         out["one_seq"][ctx_k * K] = base["peak_mem_gib"]
-    cf = out["chunkflow"]
-    return {"peak_mem_gib": out, "chunkflow_growth_32k_to_256k": cf[256 * K] / cf[32 * K],
+    flow = out["chunkflow"]
+    return {"peak_mem_gib": out, "chunkflow_growth_32k_to_256k": flow[256 * K] / flow[32 * K],
             "one_seq_growth_32k_to_256k": out["one_seq"][256 * K] / out["one_seq"][32 * K],
             "setup": "qwen2.5-7b <4,4,4>; ChunkFlow selective with ChunkSize 8K, K=4; one_seq full recompute"}
 
