@@ -265,6 +265,22 @@ def reproduce_chunkflow(steps: Annotated[int, typer.Option(help="Global batches 
     chunkflow_tables(result)
 
 
+@reproduce_app.command("hbp")
+def reproduce_hbp(samples: Annotated[int, typer.Option(help="tulu3-longcite samples to plan.")] = 200_000,
+                  seed: Seed = 0, packers: Annotated[bool, typer.Option(help="Also run Table 13's packers.")] = True,
+                  json_out: Json = False) -> None:
+    """HBP's Table 6 (ISF, +hierarchical, +balance), group selection (Tables 11/19) and Table 13 packers."""
+    from .reproduce.hbp import reproduce
+
+    result = reproduce(samples=samples, seed=seed, packers=packers)
+    if json_out:
+        print(json.dumps(result))
+        return
+    from .report.tables import hbp_tables
+
+    hbp_tables(result)
+
+
 def main() -> None:
     """Entry point: run the app; user errors become one line and exit code 2."""
     try:

@@ -141,6 +141,19 @@ class CostModel:
         q = length / (2 * cp) if sharded else length
         return float(self.linear_s(length / cp)) + float(self.attn_s(pairs, q)) + self.fixed_s
 
+    def sharded_pack_s(self, lengths: np.ndarray, ckpt_layers: int | None = None) -> float:
+        """One rank's time for a packed micro-batch whose documents are all sharded over the CP group (whole on the
+        one rank when cp = 1): exposed K/V exchange + compute + launch cost (the simulator's Eq. 2 with nothing
+        local to overlap)."""
+        cp = self.cfg.cp
+        s = np.asarray(lengths, dtype=np.float64)
+        pairs = self.cfg.causal_factor * s * s / cp
+        q = s / (2 * cp) if cp > 1 else s
+        tokens = float(np.ceil(s / cp).sum())
+        attn = float(np.sum(self.attn_s(pairs, q, ckpt_layers)))
+        comm = self.cp_comm_s(float(s.sum()), ckpt_layers)
+        return float(self.linear_s(tokens, ckpt_layers)) + attn + comm + self.fixed_s
+
     # --- communication --------------------------------------------------------------------------------------
     def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None) -> float:
         """K/V exchange for ``sharded_tokens`` tokens sharded over the CP group in one micro-batch: per layer an

@@ -114,7 +114,7 @@ def register(cls: type[Planner]) -> type[Planner]:
 
 
 def get_planner(name: str) -> Planner:
-    from . import baselines, chunkflow, skrull  # noqa: F401  (registers the built-in planners)
+    from . import baselines, chunkflow, hbp, skrull  # noqa: F401  (registers the built-in planners)
 
     try:
         return PLANNERS[name]()

@@ -47,19 +47,28 @@ def _check(weights: Weights, capacity: int) -> np.ndarray:
     return w
 
 
+def _next_fit_ends(w: np.ndarray, capacity: int, max_items: int = 0) -> np.ndarray:
+    """End positions of next-fit bins: each bin ends where the running sum since its start first exceeds the
+    capacity, found by binary search on the prefix sums (O(bins · log n), no Python step per item)."""
+    cs = np.cumsum(w)
+    ends = []
+    start, base = 0, 0
+    while start < w.size:
+        end = int(np.searchsorted(cs, base + capacity, side="right"))
+        if max_items:
+            end = min(end, start + max_items)
+        ends.append(end)
+        base = int(cs[end - 1])
+        start = end
+    return np.asarray(ends, dtype=np.int64)
+
+
 def next_fit(weights: Weights, capacity: int, max_items: int = 0) -> list[list[int]]:
     """Items in the given order; close the open bin when the next item does not fit (or it holds
     ``max_items`` items, when that is > 0)."""
     w = _check(weights, capacity)
-    bins: list[list[int]] = []
-    room = -1
-    for i, x in enumerate(w.tolist()):
-        if x > room or (max_items and len(bins[-1]) >= max_items):
-            bins.append([])
-            room = capacity
-        bins[-1].append(i)
-        room -= x
-    return bins
+    ends = _next_fit_ends(w, capacity, max_items)
+    return [b.tolist() for b in np.split(np.arange(w.size), ends[:-1])] if ends.size else []
 
 
 def _decreasing(w: np.ndarray) -> list[int]:
@@ -123,14 +132,14 @@ def isf(weights: Weights, capacity: int, *, threshold: int | None = None, iters:
         if pool.size == 0:
             break
         order = pool[np.random.default_rng(seed + it).permutation(pool.size)]
-        bins = [[int(order[j]) for j in b] for b in next_fit(w[order], capacity)]
-        if it == iters:
-            accepted.extend(bins)
-            break
-        rest: list[list[int]] = []
-        for b in bins:
-            (accepted if int(w[b].sum()) >= threshold else rest).append(b)
-        pool = np.array([i for b in rest for i in b], dtype=np.int64)
+        wo = w[order]
+        ends = _next_fit_ends(wo, capacity)
+        sums = np.add.reduceat(wo, np.concatenate([[0], ends[:-1]]))
+        ok = (sums >= threshold) | (it == iters)
+        parts = np.split(order, ends[:-1])
+        accepted.extend(parts[i].tolist() for i in np.flatnonzero(ok))
+        rest = [parts[i] for i in np.flatnonzero(~ok)]
+        pool = np.concatenate(rest) if rest else np.zeros(0, dtype=np.int64)
     return accepted
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["stats_table", "compare_table", "skrull_tables", "chunkflow_tables"]
+__all__ = ["stats_table", "compare_table", "skrull_tables", "chunkflow_tables", "hbp_tables"]
 
 
 def _console() -> Console:
@@ -112,3 +112,25 @@ def chunkflow_tables(result: dict[str, Any], console: Console | None = None) -> 
     for ctx in mem["chunkflow"]:
         m.add_row(_k(float(ctx)), f"{mem['chunkflow'][ctx]:.1f}", f"{mem['one_seq'][ctx]:.1f}")
     console.print(m)
+
+
+def hbp_tables(result: dict[str, Any], console: Console | None = None) -> None:
+    console = console or _console()
+    t = Table("configuration", "groups", "ABR", "CR", "DBR", "PR", "Ave-T", "speedup", "paper ABR / CR / speedup",
+              title="HBP Table 6 (LLaMA3.1-8B, 32 H100, tulu3-longcite, 128K)")
+    for name, r in result["table6"].items():
+        p = result["paper"].get(name)
+        paper = f"{p['abr']} / {p['cr']} / {p['speedup']}x" if p else "-"
+        t.add_row(name, ", ".join(r["groups"] or []), f"{r['abr']:.4f}", f"{r['cr']:.3f}", f"{r['dbr']:.4f}",
+                  f"{r['pr']:.3f}", _k(r["ave_t"]), _x(r["speedup"]), paper)
+    console.print(t)
+    sel = result["selection"]
+    console.print(f"auto-selected groups (cost model): {', '.join(sel['auto']['groups'])}")
+    console.print(f"selected from the paper's Table 19 profiles: {', '.join(sel['from_table19']['groups'])}; "
+                  f"paper (Table 11): {', '.join(sel['paper'])}")
+    if result.get("table13"):
+        p13 = result["table13"]["paper_speedup_vs_none"]
+        t13 = Table("packer", "DBR", "ABR", "speedup vs none", "paper", title="Table 13 packers at 128K, SP 8")
+        for name, r in result["table13"]["ours"].items():
+            t13.add_row(name, f"{r['dbr']:.3f}", f"{r['abr']:.3f}", _x(r["speedup_vs_none"]), _x(p13.get(name, 1.0)))
+        console.print(t13)

@@ -1,0 +1,314 @@
+"""HBP (NeurIPS 2025, PAPERS.md §4): hierarchical balance packing with per-group SP degree and checkpointing.
+
+HBP plans the whole dataset offline, as the paper does: it regroups samples by length, so its optimizer steps do
+not follow the shared global batches (every sample of the plan's scope is still scheduled exactly once).
+
+1. **Groups** (Algorithm 1, :mod:`.hbp_groups`): packing lengths l_1 < ... < l_n with (sp_i, ckpt_i), chosen
+   automatically from the cost model (or measured profiles, option ``profiles=FILE``), or given as option
+   ``groups="16384:1:28,131072:8:29"`` (length:sp:ckpt, comma-separated).
+2. **Balance packing** (Algorithm 2, App. J): samples with length in (l_{i−1}, l_i] are packed by ISF into packs of
+   l_i tokens (per-rank tokens ceil(s/sp_i) within l_i/sp_i). Nothing is skipped: a sample longer than l_n follows
+   the over-long policy (split into a chain of l_n pieces by default), and is counted.
+3. **GreedyFill** (J.2, option ``greedy_fill``, default on): the samples of under-full packs of shorter groups
+   (packs below ISF's acceptance threshold — our reading of "remaining", PAPERS.md §4.5) top up the packs of longer
+   groups, largest groups first, longest samples first; what is left is re-packed in its own group.
+4. **Attention balance** (J.3, option ``balance``, default on): each group's packs are sorted by Σ s_i² and cut
+   into steps of dp_i · m_i consecutive packs (dp_i = world / sp_i; m_i micro-batches per replica so that a step
+   holds about ``step_tokens`` tokens, default one pack of the longest group per replica); within a step the
+   packs are dealt in snake order so every replica gets the same attention work. Without it packs are shuffled.
+5. **Dynamic pipeline** (§4.6): each step belongs to one group and carries its cp (= SP) degree, token cap and
+   checkpointing; the world stays fixed. Curriculum: the first ``curriculum`` steps (option, default 500 as in the
+   paper, capped by what the short groups have) come from the groups without SP; then the groups' steps are
+   interleaved at random in proportion to their step counts (seeded) — the paper does not publish its order.
+
+Guarantees: every sample in exactly one pack of its group (or filled into a longer group's pack, or counted as
+split/truncated/dropped), caps respected per group, determinism by seed. Cost: O(N · iters) for ISF plus
+O(N log N) sorting; ~1 s per million samples here (bench/planning.py).
+
+>>> import numpy as np
+>>> from longpack.cost import CostModel, TrainConfig
+>>> from longpack.hardware import get_hardware
+>>> from longpack.model import get_model
+>>> from longpack.planners.base import PlanContext
+>>> cost = CostModel(get_model("tiny"), get_hardware("cpu"), TrainConfig(dp=2, cp=2))
+>>> ctx = PlanContext(cost=cost, options={"groups": "8:1:0,32:2:0", "curriculum": 0})
+>>> plan = HBP().plan(np.array([3, 5, 2, 30, 20, 6, 7, 1]), [np.arange(8)], ctx)
+>>> plan.validate(); [(s.group, s.cp, len(s.replicas)) for s in plan.steps]
+[('8/sp1/ckpt0', 1, 4), ('32/sp2/ckpt0', 2, 2)]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..cost import CostModel
+from ..plan import MicroBatch, Plan, Step, make_pieces
+from .base import PlanContext, Planner, apply_overlong, assemble_step, chain_pieces, register
+from .hbp_groups import Group, select_groups
+from .packers import isf
+
+__all__ = ["HBP", "parse_groups"]
+
+
+def parse_groups(text: str) -> list[Group]:
+    """``"16384:1:28,131072:8:29"`` -> groups (length, sp, ckpt), sorted by length."""
+    groups = []
+    for item in str(text).split(","):
+        try:
+            length, sp, ckpt = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise ValueError(f"--opt groups: {item!r} is not LENGTH:SP:CKPT") from None
+        groups.append(Group(length, sp, ckpt))
+    return sorted(groups, key=lambda g: g.length)
+
+
+class _Pack:
+    __slots__ = ("items", "room", "attn")
+
+    def __init__(self, room: int) -> None:
+        self.items: list[int] = []
+        self.room = room
+        self.attn = 0.0
+
+
+class _Pool:
+    """Leftover samples of one group, longest first, for GreedyFill: the next sample that fits a pack's room is a
+    binary search on the (descending) lengths plus a skip over taken samples (union-find), so filling costs
+    O(taken · log n) instead of a scan of the pool per pack."""
+
+    def __init__(self, ids: np.ndarray, eff: np.ndarray) -> None:
+        self.ids = ids
+        self.len = eff[ids].astype(np.int64)
+        self.neg = -self.len  # ascending, for searchsorted
+        self.next = np.arange(ids.size + 1)  # next untaken position at or after k (ids.size = none)
+        self.left = ids.size
+
+    def _find(self, k: int) -> int:
+        root = k
+        while self.next[root] != root:
+            root = self.next[root]
+        while self.next[k] != root:
+            self.next[k], k = root, self.next[k]
+        return root
+
+    def fill(self, p: _Pack, sp: int) -> None:
+        while self.left and p.room > 0:
+            # longest sample with ceil(len / sp) <= room, i.e. len <= room · sp
+            k = self._find(int(np.searchsorted(self.neg, -p.room * sp, side="left")))
+            if k >= self.ids.size:
+                return
+            n = int(self.len[k])
+            p.items.append(int(self.ids[k]))
+            p.room -= math.ceil(n / sp)
+            p.attn += float(n) ** 2
+            self.next[k] = k + 1
+            self.left -= 1
+
+    def remaining(self) -> list[int]:
+        out, k = [], self._find(0)
+        while k < self.ids.size:
+            out.append(int(self.ids[k]))
+            k = self._find(k + 1)
+        return out
+
+
+@register
+class HBP(Planner):
+    """Hierarchical balance packing (see the module docstring)."""
+
+    name = "hbp"
+
+    def plan(self, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
+             max_len: int | None = None, overlong: str = "split") -> Plan:
+        scope = np.sort(np.concatenate(batches)) if len(batches) else np.zeros(0, dtype=np.int64)
+        world = ctx.world
+        groups, report = self._groups(lengths[scope], ctx, world)
+        costs = {g: self._group_cost(ctx.cost, g, world) for g in groups}
+        for g in groups:
+            if world % g.sp or costs[g].token_cap(g.ckpt) < math.ceil(g.length / g.sp):
+                raise ValueError(f"HBP group {g.tag}: sp must divide the world ({world}) and a pack must fit memory "
+                                 f"(cap {costs[g].token_cap(g.ckpt)} tokens per rank)")
+        top = groups[-1].length
+        limit = top if max_len is None else min(max_len, top)
+        eff, truncated, dropped, n_split = apply_overlong(lengths, scope, limit, overlong)
+        ids = scope[eff[scope] > 0]
+        packs = self._pack(ids, eff, groups, ctx)
+        # default step size: one pack of the longest group per replica of that group
+        step_tokens = int(ctx.option("step_tokens", top * (world // groups[-1].sp)))
+        steps_by_group = [self._steps(g, packs[j], eff, costs[g], ctx, step_tokens, world)
+                          for j, g in enumerate(groups)]
+        chains = ids[eff[ids] > top]
+        self._add_chains(chains, eff, groups[-1], steps_by_group[-1], costs[groups[-1]], ctx, world)
+        steps = self._order(steps_by_group, groups, ctx)
+        meta = {"seed": ctx.seed, "dp": ctx.dp, "cp": ctx.cp, "tp": ctx.cost.cfg.tp, "pp": ctx.cost.cfg.pp,
+                "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": ctx.token_cap,
+                "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options), "hbp": report,
+                "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
+                             "dropped": len(dropped)}}
+        return Plan(planner=self.name, world=world, lengths={int(s): int(lengths[s]) for s in scope},
+                    steps=tuple(steps), truncated=truncated, dropped=dropped, meta=meta)
+
+    # --- 1. groups ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _groups(lengths: np.ndarray, ctx: PlanContext, world: int) -> tuple[list[Group], dict[str, Any]]:
+        if ctx.option("groups", None):
+            groups = parse_groups(ctx.option("groups", ""))
+            return groups, {"groups": [g.tag for g in groups], "selection": "manual"}
+        cand = ctx.option("lengths", None)
+        candidates = [int(x) for x in str(cand).split(",")] if cand else None
+        groups, report = select_groups(lengths, ctx.cost, world, candidates=candidates,
+                                       profiles=ctx.option("profiles", None))
+        return groups, report | {"selection": "auto"}
+
+    @staticmethod
+    def _group_cost(cost: CostModel, g: Group, world: int) -> CostModel:
+        return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=g.sp, dp=world // g.sp, ckpt_layers=g.ckpt,
+                                                      token_cap=None))
+
+    # --- 2-3. packing and GreedyFill ------------------------------------------------------------------------
+    def _pack(self, ids: np.ndarray, eff: np.ndarray, groups: list[Group], ctx: PlanContext) -> list[list[_Pack]]:
+        """Per group: ISF packs; then, longest group first, its packs (with its own under-full ones re-packed) are
+        topped up from the under-full samples of shorter groups (GreedyFill)."""
+        bounds = [0] + [g.length for g in groups]
+        full: list[list[_Pack]] = []
+        pools: list[_Pool] = []
+        for j, g in enumerate(groups):
+            members = ids[(eff[ids] > bounds[j]) & (eff[ids] <= bounds[j + 1])]
+            accepted, rest = self._isf(members, eff, g, ctx.seed + j, int(ctx.option("isf_iters", 10)))
+            full.append(accepted)
+            pools.append(_Pool(np.array(rest, dtype=np.int64), eff))
+        fill = ctx.option("greedy_fill", True) in (True, 1, "1", "true", "True")
+        packs: list[list[_Pack]] = [[] for _ in groups]
+        for j in range(len(groups) - 1, -1, -1):
+            g = groups[j]
+            packs[j] = full[j] + self._as_packs(pools[j].remaining(), eff, g)
+            if fill:
+                for p in packs[j]:
+                    for i in range(j - 1, -1, -1):
+                        pools[i].fill(p, g.sp)
+        return packs
+
+    @staticmethod
+    def _isf(members: np.ndarray, eff: np.ndarray, g: Group, seed: int, iters: int) -> tuple[list[_Pack], list[int]]:
+        """ISF packs of group g: (accepted packs, samples of under-full packs, longest first)."""
+        if members.size == 0:
+            return [], []
+        cap = g.length // g.sp
+        w = -(-eff[members] // g.sp)
+        threshold = cap - min(128, cap // 32)
+        bins = isf(w, cap, threshold=threshold, iters=iters, seed=seed)
+        if not bins:
+            return [], []
+        flat = np.concatenate([np.asarray(b, dtype=np.int64) for b in bins])
+        starts = np.cumsum([0] + [len(b) for b in bins[:-1]])
+        used = np.add.reduceat(w[flat], starts)
+        attn = np.add.reduceat(eff[members[flat]].astype(np.float64) ** 2, starts)
+        full, rest = [], []
+        for b, u, a in zip(bins, used.tolist(), attn.tolist(), strict=True):
+            if u >= threshold:
+                p = _Pack(cap - u)
+                p.items = members[b].tolist()
+                p.attn = a
+                full.append(p)
+            else:
+                rest.extend(members[b].tolist())
+        rest.sort(key=lambda s: (-int(eff[s]), s))
+        return full, rest
+
+    @staticmethod
+    def _as_packs(items: list[int], eff: np.ndarray, g: Group) -> list[_Pack]:
+        """Next-fit of already-ordered samples into packs of group g."""
+        out: list[_Pack] = []
+        for s in items:
+            w = math.ceil(int(eff[s]) / g.sp)
+            if not out or out[-1].room < w:
+                out.append(_Pack(g.length // g.sp))
+            out[-1].items.append(s)
+            out[-1].room -= w
+            out[-1].attn += float(eff[s]) ** 2
+        return out
+
+    # --- 4. attention balance and steps ---------------------------------------------------------------------
+    @staticmethod
+    def _steps(g: Group, packs: list[_Pack], eff: np.ndarray, cost: CostModel, ctx: PlanContext, step_tokens: int,
+               world: int) -> list[Step]:
+        if not packs:
+            return []
+        dp = world // g.sp
+        m = max(1, round(step_tokens / (g.length * dp)))
+        if ctx.option("balance", True) in (True, 1, "1", "true", "True"):
+            packs = sorted(packs, key=lambda p: (-p.attn, p.items[0]))
+            packs = HBP._even_tail(packs, dp, g, eff)
+        else:
+            rng = np.random.default_rng([ctx.seed, g.length])
+            packs = [packs[i] for i in rng.permutation(len(packs))]
+        per_step = dp * m
+        steps = []
+        size = eff.tolist()
+        rank = None if g.sp > 1 else 0
+        for start in range(0, len(packs), per_step):
+            chunk = packs[start:start + per_step]
+            replicas: list[list[MicroBatch]] = [[] for _ in range(dp)]
+            for idx, p in enumerate(chunk):
+                row, col = divmod(idx, dp)
+                r = col if row % 2 == 0 else dp - 1 - col  # snake order: equal attention per replica
+                pieces = make_pieces(p.items, [0] * len(p.items), [size[s] for s in p.items], rank)
+                replicas[r].append(MicroBatch(pieces=pieces, ckpt_layers=g.ckpt))
+            steps.append(assemble_step(replicas, cp=g.sp, token_cap=cost.token_cap(g.ckpt), group=g.tag))
+        return steps
+
+    @staticmethod
+    def _even_tail(packs: list[_Pack], dp: int, g: Group, eff: np.ndarray) -> list[_Pack]:
+        """When the pack count is not a multiple of dp, the last row would leave replicas empty: spread the samples
+        of those last packs over exactly dp packs (heaviest sample to the pack with least attention that fits)."""
+        r = len(packs) % dp
+        if r == 0 or len(packs) < dp:
+            return packs
+        samples = sorted((s for p in packs[-r:] for s in p.items), key=lambda s: (-int(eff[s]), s))
+        new = [_Pack(g.length // g.sp) for _ in range(dp)]
+        for s in samples:
+            w = math.ceil(int(eff[s]) / g.sp)
+            fits = [p for p in new if p.room >= w]
+            if not fits:
+                return packs  # cannot spread without overflowing: keep the packs as they were
+            p = min(fits, key=lambda q: q.attn)
+            p.items.append(s)
+            p.room -= w
+            p.attn += float(eff[s]) ** 2
+        new = [p for p in new if p.items]
+        return packs[:-r] + sorted(new, key=lambda p: (-p.attn, p.items[0]))
+
+    def _add_chains(self, chains: np.ndarray, eff: np.ndarray, g: Group, steps: list[Step], cost: CostModel,
+                    ctx: PlanContext, world: int) -> None:
+        """Samples longer than the top group: a chain of pieces, one per micro-batch, on one replica."""
+        if chains.size == 0:
+            return
+        dp = world // g.sp
+        replicas: list[list[MicroBatch]] = [[] for _ in range(dp)]
+        for n, s in enumerate(chains.tolist()):
+            for p in chain_pieces(int(s), int(eff[s]), g.length, None if g.sp > 1 else 0):
+                replicas[n % dp].append(MicroBatch(pieces=(p,), ckpt_layers=g.ckpt))
+        steps.append(assemble_step(replicas, cp=g.sp, token_cap=cost.token_cap(g.ckpt), group=g.tag))
+
+    # --- 5. curriculum and interleaving ---------------------------------------------------------------------
+    @staticmethod
+    def _order(steps_by_group: list[list[Step]], groups: list[Group], ctx: PlanContext) -> list[Step]:
+        warm = int(ctx.option("curriculum", 500))
+        short = [j for j, g in enumerate(groups) if g.sp == 1] or [0]
+        queues = [list(s) for s in steps_by_group]
+        out: list[Step] = []
+        rng = np.random.default_rng([ctx.seed, 7])
+        while len(out) < warm and any(queues[j] for j in short):
+            pool = [j for j in short if queues[j]]
+            weights = np.array([len(queues[j]) for j in pool], dtype=np.float64)
+            out.append(queues[pool[int(rng.choice(len(pool), p=weights / weights.sum()))]].pop(0))
+        while any(queues):
+            pool = [j for j in range(len(queues)) if queues[j]]
+            weights = np.array([len(queues[j]) for j in pool], dtype=np.float64)
+            out.append(queues[pool[int(rng.choice(len(pool), p=weights / weights.sum()))]].pop(0))
+        return out
