@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first and pinned: a CPU build is on disk here, while an open range would pull a multi-GB CUDA build
+	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
@@ -17,7 +19,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/longpack compare --workload lmsys-chat-1m --model qwen2.5-0.5b --hardware h100 \
 	  --dp 4 --cp 8 --global-batch 256 --steps 8 \
-	  --planners fixed_cp,sorted,isf,random_padded,one_seq --baseline fixed_cp
+	  --planners fixed_cp,sorted,isf,random_padded,one_seq,skrull,chunkflow --baseline fixed_cp
+	@echo "--- a short real training run: tiny Llama, 2 CPU processes (gloo), skrull plan ---"
+	$(BIN)/longpack train --workload tiny-longtail --planner skrull --nproc 2 --steps 5
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -265,6 +265,48 @@ def reproduce_chunkflow(steps: Annotated[int, typer.Option(help="Global batches 
     chunkflow_tables(result)
 
 
+@app.command()
+def train(planner: Annotated[str, typer.Option(help="Planner whose plan is trained.")] = "isf",
+          workload: Workload = "tiny-longtail", lengths: Lengths = None, column: Column = "length",
+          samples: Samples = None, model: Annotated[str, typer.Option(help="Model shape (random init).")] =
+          "tiny-llama", hardware: Hardware = "cpu",
+          cp: Annotated[int, typer.Option(help="Context-parallel degree (dp = processes / cp).")] = 1,
+          global_batch: GlobalBatch = 32, steps: Steps = None, seed: Seed = 0,
+          bucket_size: Annotated[int, typer.Option(help="Token cap per rank per micro-batch.")] = 4096,
+          max_len: MaxLen = None, overlong: Overlong = "split", opt: Opt = None,
+          lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
+          loss: Annotated[str, typer.Option(help="token_mean or sequence_mean, exact over each step.")] =
+          "token_mean",
+          dtype: Annotated[str, typer.Option(help="float32, float64 or bfloat16.")] = "float32",
+          checkpoint_dir: Annotated[str | None, typer.Option(help="Where checkpoints go.")] = None,
+          checkpoint_every: Annotated[int, typer.Option(help="Save every N steps (0: never).")] = 0,
+          resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint.")] = False,
+          nproc: Annotated[int, typer.Option(help="Processes to spawn (ignored under torchrun).")] = 1,
+          json_out: Json = False) -> None:
+    """Train a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
+    import os
+
+    from .runtime.loss import MODES
+    from .runtime.train import TrainArgs, launch
+    from .runtime.train import train as run_train
+
+    if loss not in MODES:
+        raise ValueError(f"--loss {loss!r}: choose one of {', '.join(MODES)}")
+    if dtype not in ("float32", "float64", "bfloat16"):
+        raise ValueError(f"--dtype {dtype!r}: choose float32, float64 or bfloat16")
+    if workload is not None and lengths is not None:
+        workload = None  # an explicit --lengths file wins over the default workload
+    run = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
+                       hardware=hardware, cp=cp, global_batch=global_batch, steps=steps, seed=seed,
+                       bucket_size=bucket_size, max_len=max_len, overlong=overlong, options=_options(opt))
+    args = TrainArgs(planner=planner, run=run, lr=lr, loss=loss, dtype=dtype, checkpoint_dir=checkpoint_dir,
+                     checkpoint_every=checkpoint_every, resume=resume, json_log=json_out)
+    if "WORLD_SIZE" in os.environ:
+        run_train(args)
+    else:
+        launch(args, nproc)
+
+
 @reproduce_app.command("hbp")
 def reproduce_hbp(samples: Annotated[int, typer.Option(help="tulu3-longcite samples to plan.")] = 200_000,
                   seed: Seed = 0, packers: Annotated[bool, typer.Option(help="Also run Table 13's packers.")] = True,

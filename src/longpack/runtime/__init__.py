@@ -1,0 +1,1 @@
+"""Runtime: executes Plans with PyTorch (imported only on demand; the core never imports torch)."""

@@ -1,0 +1,125 @@
+"""Data for the runtime: a synthetic token corpus, the collator from plan pieces to tensors, and the per-rank
+plan sampler.
+
+* :class:`SyntheticCorpus` — token ids for any sample, deterministic from (seed, sample), so every rank and every
+  run sees the same text offline. Each sample follows a noisy arithmetic progression modulo the vocabulary: a
+  pattern a small model can learn, so loss curves mean something.
+* :func:`collate` — pieces of one micro-batch (and one CP rank's share of them) -> ``input_ids``, ``labels``
+  (next-token targets; the last token of a sample has none, the last token of a chunk predicts the next chunk's
+  first), ``position_ids`` (restarting per sample, continuing across chunks) and ``cu_seqlens`` from the pieces'
+  lengths. Padded micro-batches (``pad_to``) pad each row to that length with ignored targets.
+* :class:`PlanSampler` — the micro-batches of one rank, step by step; ``state_dict``/``load_state_dict`` resume
+  mid-epoch at the exact next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..plan import MicroBatch, Plan
+
+__all__ = ["SyntheticCorpus", "Packed", "collate", "PlanSampler", "IGNORE"]
+
+
+def _cat(parts: list[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.long)
+
+IGNORE = -100
+
+
+class SyntheticCorpus:
+    """``tokens(sample, n)``: the first n token ids of ``sample`` (seeded; vocabulary [1, vocab), 0 is padding)."""
+
+    def __init__(self, vocab: int, seed: int = 0, noise: float = 0.1) -> None:
+        if vocab < 4:
+            raise ValueError(f"vocab={vocab}: need at least 4 token ids")
+        self.vocab, self.seed, self.noise = vocab, seed, noise
+        self._cache: dict[int, np.ndarray] = {}
+
+    def tokens(self, sample: int, n: int) -> np.ndarray:
+        cached = self._cache.get(sample)
+        if cached is not None and cached.size >= n:
+            return cached[:n]
+        rng = np.random.default_rng([self.seed, sample])
+        start, stride = rng.integers(1, self.vocab), rng.integers(1, 7)
+        seq = (start + stride * np.arange(n)) % (self.vocab - 1) + 1
+        flip = rng.random(n) < self.noise
+        seq[flip] = rng.integers(1, self.vocab, int(flip.sum()))
+        self._cache[sample] = seq
+        return seq
+
+
+@dataclass
+class Packed:
+    """One micro-batch on one rank as tensors; ``docs`` lists (sample, start, stop) per document row."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: list[int]
+    docs: list[tuple[int, int, int]]
+    sample_of_token: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Real (unpadded) tokens."""
+        return sum(stop - start for _, start, stop in self.docs)
+
+
+def collate(mb: MicroBatch, corpus: SyntheticCorpus, effective_length: Callable[[int], int],
+            pieces: list[tuple[int, int, int]] | None = None) -> Packed:
+    """Tensors for ``mb`` (or for explicit ``pieces`` (sample, start, stop), e.g. one CP rank's share)."""
+    spans = pieces if pieces is not None else [(p.sample, p.start, p.stop) for p in mb.pieces]
+    ids, labels, pos, cu, owner = [], [], [], [0], []
+    for sample, start, stop in spans:
+        n = effective_length(sample)
+        toks = corpus.tokens(sample, n)
+        row = toks[start:stop]
+        tgt = np.full(stop - start, IGNORE, dtype=np.int64)
+        last = min(stop + 1, n)
+        tgt[: last - start - 1] = toks[start + 1: last]
+        width = max(mb.pad_to, stop - start) if mb.pad_to else stop - start
+        pad = width - (stop - start)
+        ids.append(np.concatenate([row, np.zeros(pad, dtype=row.dtype)]))
+        labels.append(np.concatenate([tgt, np.full(pad, IGNORE)]))
+        pos.append(np.arange(start, start + width))
+        owner.append(np.full(width, sample))
+        cu.append(cu[-1] + width)
+    return Packed(input_ids=_cat(ids).long(), labels=_cat(labels).long(), position_ids=_cat(pos).long(),
+                  cu_seqlens=cu, docs=list(spans), sample_of_token=_cat(owner).long())
+
+
+class PlanSampler:
+    """Iterates one rank's micro-batches of a Plan. Rank r of a step with CP degree c is replica r // c, CP rank
+    r % c (the world is fixed; HBP steps change c)."""
+
+    def __init__(self, plan: Plan, rank: int) -> None:
+        if not 0 <= rank < plan.world:
+            raise ValueError(f"rank {rank} outside the plan's world of {plan.world}")
+        self.plan, self.rank, self.step = plan, rank, 0
+
+    def position(self, step: int) -> tuple[int, int]:
+        cp = self.plan.steps[step].cp
+        return self.rank // cp, self.rank % cp
+
+    def micro_batches(self, step: int) -> tuple[MicroBatch, ...]:
+        replica, _ = self.position(step)
+        return self.plan.steps[step].replicas[replica].micro_batches
+
+    def __iter__(self) -> Iterator[tuple[int, tuple[MicroBatch, ...]]]:
+        while self.step < len(self.plan.steps):
+            step = self.step
+            self.step += 1
+            yield step, self.micro_batches(step)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step, "rank": self.rank}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        if not 0 <= int(state["step"]) <= len(self.plan.steps):
+            raise ValueError(f"sampler state step={state['step']} outside the plan's {len(self.plan.steps)} steps")
+        self.step = int(state["step"])

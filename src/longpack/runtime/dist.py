@@ -1,0 +1,61 @@
+"""Process groups and collectives of the runtime, passed around explicitly (no module-level globals).
+
+:class:`DistContext` is built once per process from torchrun's environment (or given explicitly for spawned
+tests): rank, world size, backend (gloo on CPU, nccl on GPU) and the device. ``all_reduce_sum`` sums every
+gradient across the ranks that share parameters in one flat bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistContext", "init_distributed", "all_reduce_sum", "free_port"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(device: str | None = None) -> DistContext:
+    """Join the process group described by RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (torchrun sets them);
+    a plain single process when they are absent."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    return DistContext(rank=rank, world=world, device=dev)
+
+
+def all_reduce_sum(tensors: list[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
+    """Sum ``tensors`` in place across the group with one flattened all-reduce."""
+    if not tensors or not (dist.is_available() and dist.is_initialized()):
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n

@@ -1,0 +1,77 @@
+"""Shared by the runtime tests and the processes they spawn: a tiny float64 model, a plan, the unpacked reference."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from longpack.cost import CostModel, TrainConfig
+from longpack.hardware import get_hardware
+from longpack.model import ModelSpec
+from longpack.planners import PlanContext, get_planner, global_batches
+from longpack.runtime.attention import document_attention
+from longpack.runtime.data import IGNORE, SyntheticCorpus
+from longpack.runtime.dist import all_reduce_sum, init_distributed
+from longpack.runtime.model import Decoder, DecoderConfig
+from longpack.runtime.step import run_micro_batches
+
+SPEC = ModelSpec(name="parity", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, vocab=61,
+                 qkv_bias=True)
+LENGTHS = np.array([37, 5, 64, 2, 90, 17, 33, 1, 48, 70, 9, 26])
+
+
+def make_model() -> Decoder:
+    torch.manual_seed(1234)
+    return Decoder(DecoderConfig.from_spec(SPEC)).double()
+
+
+def make_plan(planner: str, dp: int, cap: int = 128, **options):
+    cost = CostModel(SPEC, get_hardware("cpu"), TrainConfig(dp=dp, cp=1, token_cap=cap))
+    return get_planner(planner).plan(LENGTHS, global_batches(len(LENGTHS), len(LENGTHS), seed=0),
+                                     PlanContext(cost=cost, options=options))
+
+
+def reference_grads(mode: str) -> tuple[float, dict[str, torch.Tensor]]:
+    """Single process, unpacked: every sample alone, the step objective summed, one backward."""
+    model = make_model()
+    corpus = SyntheticCorpus(SPEC.vocab, seed=0)
+    targets = {i: int(n) - 1 for i, n in enumerate(LENGTHS)}
+    total = sum(targets.values())
+    n_seq = sum(1 for t in targets.values() if t > 0)
+    loss = torch.zeros((), dtype=torch.float64)
+    for i, n in enumerate(LENGTHS.tolist()):
+        toks = torch.from_numpy(corpus.tokens(i, n)).long()
+        logits = model(toks, torch.arange(n), lambda _l, q, k, v, n=n: document_attention(q, k, v, [0, n]))
+        if n < 2:
+            continue
+        ce = torch.nn.functional.cross_entropy(logits[:-1], toks[1:], reduction="sum")
+        loss = loss + (ce / total if mode == "token_mean" else ce / (targets[i] * n_seq))
+    loss.backward()
+    return float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def packed_grads(planner: str, dp: int, rank: int, mode: str, **options) -> tuple[float, dict[str, torch.Tensor]]:
+    model = make_model()
+    plan = make_plan(planner, dp, **options)
+    plan.validate()
+    mbs = plan.steps[0].replicas[rank].micro_batches
+    loss, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), mode=mode)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    stats = torch.tensor([loss], dtype=torch.float64)
+    all_reduce_sum(grads + [stats])
+    return float(stats[0]), dict(zip([k for k, _ in model.named_parameters()], grads, strict=True))
+
+
+def parity_worker(rank: int, world: int, port: int, out: str, planner: str, mode: str, options: dict) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    loss, grads = packed_grads(planner, world, rank, mode, **options)
+    if rank == 0:
+        torch.save({"loss": loss, "grads": grads}, out)
+    torch.distributed.destroy_process_group()
+
+
+__all__ = ["IGNORE", "make_model", "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]
