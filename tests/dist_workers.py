@@ -27,8 +27,8 @@ def make_model() -> Decoder:
     return Decoder(DecoderConfig.from_spec(SPEC)).double()
 
 
-def make_plan(planner: str, dp: int, cap: int = 128, **options):
-    cost = CostModel(SPEC, get_hardware("cpu"), TrainConfig(dp=dp, cp=1, token_cap=cap))
+def make_plan(planner: str, dp: int, cap: int = 128, cp: int = 1, **options):
+    cost = CostModel(SPEC, get_hardware("cpu"), TrainConfig(dp=dp, cp=cp, token_cap=cap))
     return get_planner(planner).plan(LENGTHS, global_batches(len(LENGTHS), len(LENGTHS), seed=0),
                                      PlanContext(cost=cost, options=options))
 
@@ -74,4 +74,33 @@ def parity_worker(rank: int, world: int, port: int, out: str, planner: str, mode
     torch.distributed.destroy_process_group()
 
 
-__all__ = ["IGNORE", "make_model", "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]
+def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int, cap: int, options: dict,
+              overlap: bool = True) -> None:
+    """One rank of a dp x cp run of step 0 of ``planner``'s plan; rank 0 saves the summed loss and gradients."""
+    from longpack.runtime.context_parallel import CPGroups
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    groups = CPGroups.build({cp}, world)
+    plan = make_plan(planner, world // cp, cap=cap, cp=cp, **options)
+    plan.validate()
+    model = make_model()
+    mbs = plan.steps[0].replicas[rank // cp].micro_batches
+    loss, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=rank % cp,
+                                cp_group=groups.group(cp, rank), overlap=overlap)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    stats = torch.tensor([loss], dtype=torch.float64)
+    all_reduce_sum(grads + [stats])
+    if rank == 0:
+        sharded = sum(1 for r in plan.steps[0].replicas for mb in r.micro_batches for p in mb.pieces
+                      if p.cp_rank is None)
+        local = sum(1 for r in plan.steps[0].replicas for mb in r.micro_batches for p in mb.pieces
+                    if p.cp_rank is not None)
+        torch.save({"loss": float(stats[0]), "grads": dict(zip([k for k, _ in model.named_parameters()], grads,
+                                                                 strict=True)), "sharded": sharded, "local": local},
+                   out)
+    torch.distributed.destroy_process_group()
+
+
+__all__ = ["cp_worker", "IGNORE", "make_model", "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]

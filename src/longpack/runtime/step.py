@@ -1,7 +1,10 @@
 """One rank's share of one optimizer step: forward and backward every micro-batch of the plan, exactly weighted.
 
-Whole documents run through :func:`~longpack.runtime.attention.document_attention`. Steps with chunk chains or
-with CP > 1 are refused with a clear message until the chunked and context-parallel paths exist.
+Whole documents run through :func:`~longpack.runtime.attention.document_attention`; a chunk chain (consecutive
+micro-batches holding the pieces of one sample) runs through :func:`~longpack.runtime.chunked.run_chain` —
+forward ascending, backward descending, recomputing the chunks the plan marks. A step with CP > 1 runs as
+``cp_rank`` of the step's CP group in :mod:`~longpack.runtime.context_parallel` (local pieces whole, zigzag
+shares of sharded pieces, K/V all-gathered and overlapped with local attention).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import torch
 
 from ..plan import MicroBatch, Plan
 from .attention import document_attention
+from .chunked import run_chain
+from .context_parallel import CPAttention, rank_pieces
 from .data import SyntheticCorpus, collate
 from .loss import step_targets, token_weights, weighted_loss
 from .model import Decoder
@@ -22,25 +27,70 @@ def _documents(cu: list[int]):  # noqa: ANN202
     return lambda _layer, q, k, v: document_attention(q, k, v, cu)
 
 
-def _is_chunk(plan: Plan, mb: MicroBatch) -> bool:
-    return any(p.start > 0 or p.stop < plan.effective_length(p.sample) for p in mb.pieces)
+def _chain_segment(plan: Plan, mbs: tuple[MicroBatch, ...], i: int) -> tuple[int, int] | None:
+    """(sample, last index) when micro-batch ``i`` starts a chunk chain; None for whole documents only."""
+    starts = [p for p in mbs[i].pieces if p.start == 0 and p.stop < plan.effective_length(p.sample)]
+    if any(p.start > 0 for p in mbs[i].pieces):
+        raise ValueError(f"micro-batch {i} continues a chunk chain whose first chunk is not on this replica")
+    if not starts:
+        return None
+    if len(starts) > 1:
+        raise ValueError(f"micro-batch {i} starts {len(starts)} chunk chains; the runtime runs one at a time")
+    sample, pos, j = starts[0].sample, starts[0].stop, i
+    while pos < plan.effective_length(sample):
+        j += 1
+        nxt = [p for p in mbs[j].pieces if p.sample == sample] if j < len(mbs) else []
+        if not nxt or nxt[0].start != pos:
+            raise ValueError(f"chunk chain of sample {sample} is not contiguous at micro-batch {j}")
+        pos = nxt[0].stop
+    return sample, j
+
+
+def _run_cp(model: Decoder, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: SyntheticCorpus,
+            weights_of, cp_rank: int, group, overlap: bool) -> tuple[float, int]:  # noqa: ANN001
+    """A CP step on one rank: local pieces whole, a zigzag share of every sharded piece, K/V all-gathered."""
+    cp = plan.steps[step].cp
+    loss_sum, tokens = 0.0, 0
+    for i, mb in enumerate(mbs):
+        if not mb.pieces:
+            continue
+        if any(p.cp_rank is None and (p.start > 0 or p.stop < plan.effective_length(p.sample)) for p in mb.pieces):
+            raise NotImplementedError(f"step {step}, micro-batch {i}: a chunk of a split sample sharded over CP; "
+                                      "chunk chains run only at cp=1 in this version")
+        rows, sharded = rank_pieces(mb, cp, cp_rank)
+        batch = collate(mb, corpus, plan.effective_length, pieces=rows)
+        attend = CPAttention(mb, cp, cp_rank, group, rows, sharded, overlap=overlap)
+        loss = weighted_loss(model(batch.input_ids, batch.position_ids, attend), batch, weights_of(batch))
+        loss.backward()
+        loss_sum += float(loss.detach())
+        tokens += batch.tokens
+    return loss_sum, tokens
 
 
 def run_micro_batches(model: Decoder, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: SyntheticCorpus,
-                      *, mode: str = "token_mean", device: torch.device | None = None) -> tuple[float, int]:
-    """Backpropagate this rank's micro-batches of ``step``; returns (its share of the step loss, its tokens)."""
+                      *, mode: str = "token_mean", device: torch.device | None = None, cp_rank: int = 0,
+                      cp_group=None, overlap: bool = True) -> tuple[float, int]:  # noqa: ANN001
+    """Backpropagate this rank's micro-batches of ``step``; returns (its share of the step loss, its tokens).
+    In a step with CP degree > 1, ``cp_rank`` and ``cp_group`` say which share this rank runs and with whom."""
     targets = step_targets(plan, plan.steps[step])
     total = sum(targets.values())
     if plan.steps[step].cp > 1:
-        raise NotImplementedError(f"step {step} has cp={plan.steps[step].cp}: run it with the context-parallel "
-                                  "runtime (longpack train --cp)")
+        return _run_cp(model, plan, step, mbs, corpus, lambda b: token_weights(b, targets, mode, total), cp_rank,
+                       cp_group, overlap)
     loss_sum, tokens = 0.0, 0
-    for mb in mbs:
+    i = 0
+    while i < len(mbs):
+        mb = mbs[i]
+        chain = _chain_segment(plan, mbs, i) if mb.pieces else None
+        if chain is not None:
+            sample, last = chain
+            part, n = run_chain(model, plan, list(mbs[i:last + 1]), sample, corpus,
+                                lambda b: token_weights(b, targets, mode, total))
+            loss_sum, tokens, i = loss_sum + part, tokens + n, last + 1
+            continue
+        i += 1
         if not mb.pieces:
             continue
-        if _is_chunk(plan, mb):
-            raise NotImplementedError(f"step {step} holds a chunk of a split sample; plans with chunk chains need "
-                                      "the chunked runtime, which this version does not have yet")
         batch = collate(mb, corpus, plan.effective_length)
         if device is not None and device.type != "cpu":
             batch.input_ids, batch.labels = batch.input_ids.to(device), batch.labels.to(device)

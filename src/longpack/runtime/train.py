@@ -25,6 +25,7 @@ from .. import jobs
 from ..model import get_model
 from ..plan import Plan
 from . import checkpoint
+from .context_parallel import CPGroups
 from .data import PlanSampler, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed
 from .model import Decoder, DecoderConfig
@@ -90,6 +91,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     corpus = SyntheticCorpus(spec.vocab, seed=args.run.seed)
     sampler = PlanSampler(plan, ctx.rank)
+    degrees = {s.cp for s in plan.steps}
+    groups = CPGroups.build(degrees, ctx.world) if ctx.distributed and max(degrees) > 1 else None
     if args.resume and args.checkpoint_dir:
         state = checkpoint.load_latest(args.checkpoint_dir)
         if state is not None:
@@ -103,7 +106,9 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     for step, mbs in sampler:
         t0 = time.perf_counter()
-        loss, tokens = run_micro_batches(model, plan, step, mbs, corpus, mode=args.loss, device=ctx.device)
+        cp = plan.steps[step].cp
+        loss, tokens = run_micro_batches(model, plan, step, mbs, corpus, mode=args.loss, device=ctx.device,
+                                         cp_rank=ctx.rank % cp, cp_group=groups.group(cp, ctx.rank) if groups else None)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
         stats = torch.tensor([loss, float(tokens)], dtype=torch.float64)
         all_reduce_sum(grads + [stats])
