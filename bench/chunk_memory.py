@@ -90,7 +90,8 @@ def main() -> None:
         from _report import write_section
 
         body = ("| sequence | whole: MiB added / s | chunked K=1: MiB / s | chunked K=N: MiB / s |\n|---|---|---|---|\n"
-                + "\n".join(f"| {n // 1024}K | {by[(n, 'whole')]['step_mib']:.0f} / {by[(n, 'whole')]['seconds']:.2f} | "
+                + "\n".join(f"| {n // 1024}K | {by[(n, 'whole')]['step_mib']:.0f} / "
+                            f"{by[(n, 'whole')]['seconds']:.2f} | "
                             f"{by[(n, 'k1')]['step_mib']:.0f} / {by[(n, 'k1')]['seconds']:.2f} | "
                             f"{by[(n, 'kn')]['step_mib']:.0f} / {by[(n, 'kn')]['seconds']:.2f} |"
                             for n in (2048, 4096, 8192, 16384))

@@ -3,7 +3,7 @@
     python bench/cp_overlap.py [--steps 6] [--write]
 
 Two gloo processes form one CP group (DP 1 x CP 2) training tiny-llama on tiny-longtail. The same global batches
-are planned by ``skrull`` (short sequences whole on one rank, sequences over the 1K-token cap sharded) and by
+are planned by ``skrull`` (short sequences whole on one rank, sequences over the 2K-token cap sharded) and by
 ``fixed_cp`` (every sequence sharded); each runs with the all-gather of K/V overlapped with local attention and
 without. Step time = forward + backward + gradient all-reduce, median over ``--steps`` steps after one warm-up,
 configurations interleaved over 2 rounds.
@@ -35,8 +35,8 @@ def worker(rank: int, world: int, port: int, out: str, planner: str, overlap: bo
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     init_distributed("cpu")
-    spec = jobs.RunSpec(workload="tiny-longtail", model="tiny-llama", hardware="cpu", dp=1, cp=2, bucket_size=1024,
-                        global_batch=32, steps=steps + 1, seed=0)
+    spec = jobs.RunSpec(workload="tiny-longtail", model="tiny-llama", hardware="cpu", dp=1, cp=2, bucket_size=2048,
+                        global_batch=64, steps=steps + 1, seed=0)
     lengths, max_len = jobs.load_workload(spec)
     plan, _ = jobs.run_plan(planner, lengths, spec, jobs.build_cost(spec), max_len)
     groups = CPGroups.build({2}, world)
@@ -77,9 +77,10 @@ def main() -> None:
         from _report import write_section
 
         body = ("| placement | overlap | s per step (median) | vs fixed_cp (overlap on) |\n|---|---|---|---|\n"
-                + "\n".join(f"| {p} | {'on' if o else 'off'} | {t:.3f} | {base / t:.2f}x |" for (p, o), t in med.items())
+                + "\n".join(f"| {p} | {'on' if o else 'off'} | {t:.3f} | {base / t:.2f}x |"
+                            for (p, o), t in med.items())
                 + f"\n\nDP 1 x CP 2 on 2 gloo processes (1 thread each), tiny-llama float32, tiny-longtail, global "
-                f"batch 32, token cap 1024 per rank, {args.steps} steps x 2 rounds per configuration. Overlap on "
+                f"batch 64, token cap 2048 per rank, {args.steps} steps x 2 rounds per configuration. Overlap on "
                 "CPU/gloo can only hide the all-gather behind local attention in the forward pass; the backward "
                 "all-reduce of K/V gradients is not overlapped.")
         write_section("cp_overlap", "Context parallelism: placement and overlap (real CPU runs)",

@@ -103,4 +103,46 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
     torch.distributed.destroy_process_group()
 
 
-__all__ = ["cp_worker", "IGNORE", "make_model", "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]
+def step_reference(plan, step: int) -> dict[str, torch.Tensor]:
+    """Unpacked single-process gradients of one step's samples (token mean over that step)."""
+    model = make_model()
+    corpus = SyntheticCorpus(SPEC.vocab, seed=0)
+    samples = sorted({p.sample for r in plan.steps[step].replicas for mb in r.micro_batches for p in mb.pieces})
+    total = sum(int(LENGTHS[s]) - 1 for s in samples)
+    loss = torch.zeros((), dtype=torch.float64)
+    for s in samples:
+        n = int(LENGTHS[s])
+        toks = torch.from_numpy(corpus.tokens(s, n)).long()
+        logits = model(toks, torch.arange(n), lambda _l, q, k, v, n=n: document_attention(q, k, v, [0, n]))
+        if n > 1:
+            loss = loss + torch.nn.functional.cross_entropy(logits[:-1], toks[1:], reduction="sum") / total
+    loss.backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def adaptive_worker(rank: int, world: int, port: int, out: str, groups_opt: str) -> None:
+    """Every step of an HBP plan whose steps use different CP degrees; rank 0 saves each step's gradients."""
+    from longpack.runtime.context_parallel import CPGroups
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    plan = make_plan("hbp", world, cap=10**6, groups=groups_opt, curriculum=0)
+    groups = CPGroups.build({s.cp for s in plan.steps}, world)
+    model = make_model()
+    saved = []
+    for step, st in enumerate(plan.steps):
+        model.zero_grad(set_to_none=True)
+        mbs = st.replicas[rank // st.cp].micro_batches
+        run_micro_batches(model, plan, step, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=rank % st.cp,
+                          cp_group=groups.group(st.cp, rank))
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        all_reduce_sum(grads)
+        saved.append({k: g.clone() for (k, _), g in zip(model.named_parameters(), grads, strict=True)})
+    if rank == 0:
+        torch.save({"plan": plan.to_json(), "grads": saved}, out)
+    torch.distributed.destroy_process_group()
+
+
+__all__ = ["step_reference", "adaptive_worker", "cp_worker", "IGNORE", "make_model", "make_plan",
+           "reference_grads", "packed_grads", "parity_worker", "SPEC"]

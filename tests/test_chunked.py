@@ -77,8 +77,8 @@ def test_chunk_parity_even_chunks_and_two_chains_in_one_step():
 def test_chunk_parity_chunkflow_planner_sequence_mean_free():
     """A ChunkFlow plan (uniform chunks, short sequences co-packed with a chain's tail) on one rank."""
     import numpy as np
-
     from helpers import make_cost
+
     from longpack.planners import PlanContext, get_planner
 
     lengths = [70, 5, 9, 33, 2, 12]
