@@ -38,7 +38,7 @@ def zigzag_blocks(start: int, stop: int, cp: int, rank: int) -> list[tuple[int, 
     """The token ranges of [start, stop) that CP rank ``rank`` holds: blocks r and 2c−1−r of 2c near-equal blocks.
 
     >>> zigzag_blocks(0, 10, 2, 0), zigzag_blocks(0, 10, 2, 1)
-    ([(0, 3), (8, 10)], [(3, 5), (5, 8)])
+    ([(0, 2), (8, 10)], [(2, 5), (5, 8)])
     """
     edges = np.linspace(start, stop, 2 * cp + 1).round().astype(int)
     out = []
