@@ -47,7 +47,9 @@ def test_hf_parity_logits(kind, extra):
     with torch.no_grad():
         ref = hf(input_ids=ids, use_cache=False).logits[0]
         out = ours(ids[0], torch.arange(200), lambda _l, q, k, v: document_attention(q, k, v, [0, 200]))
-    assert (out - ref).abs().max() <= 1e-12, float((out - ref).abs().max())
+    # Observed 0.0 (same float32 RoPE/RMSNorm as transformers); 1e-9 leaves room for a different BLAS thread split
+    # while any real mismatch (a wrong rotation, a missing bias) shows up at 1e-3 or more.
+    assert (out - ref).abs().max() <= 1e-9, float((out - ref).abs().max())
 
 
 def test_hf_parity_packed_stream_equals_separate_documents():
@@ -60,7 +62,7 @@ def test_hf_parity_packed_stream_equals_separate_documents():
         packed = ours(ids, pos, lambda _l, q, k, v: document_attention(q, k, v, cu))
         for d, a in zip(docs, cu, strict=False):
             ref = hf(input_ids=d[None], use_cache=False).logits[0]
-            assert torch.allclose(packed[a:a + len(d)], ref, rtol=0, atol=1e-12)
+            assert torch.allclose(packed[a:a + len(d)], ref, rtol=0, atol=1e-9)
 
 
 def _rel(a, b):
