@@ -19,6 +19,8 @@ caller-provided accumulator tensors during backward instead of being returned, s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = ["attention_with_blocks", "flash_lse"]
@@ -67,7 +69,7 @@ def _block_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return dq, dk, dv
 
 
-def _merged(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, blocks: list, own_causal: bool,
+def _merged(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, blocks: Sequence, own_causal: bool,
             scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Online log-sum-exp merge over the blocks (one partial result alive at a time: O(s) extra memory)."""
     out, lse = flash_lse(q, k_own, v_own, own_causal, scale)
@@ -102,7 +104,8 @@ class _BlockAttention(torch.autograd.Function):
 
 
 def attention_with_blocks(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor,
-                          blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
+                          blocks: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                 torch.Tensor | None]],
                           *, own_causal: bool = True, scale: float | None = None) -> torch.Tensor:
     """Queries ``q`` over their own keys (causal) and over fully visible earlier key ``blocks``.
 
