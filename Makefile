@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,25 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Regenerates docs/BENCHMARKS.md. QUICK=1 (a few minutes) shrinks every benchmark; the full run takes ~30 min.
+# The report render needs Debian's chromium (apt-get install chromium); it is skipped when absent.
+bench: $(STAMP)
+ifdef QUICK
+	cd bench && ../$(BIN)/python planning.py --samples 100000 --batches 50 --write
+	cd bench && ../$(BIN)/python hbp_packing.py --samples 200000 --write
+	cd bench && ../$(BIN)/python quality_matrix.py --steps 2 --samples 5000 --write
+	cd bench && ../$(BIN)/python train_throughput.py --samples 192 --repeat 1 --write
+	cd bench && ../$(BIN)/python cp_overlap.py --steps 2 --write
+else
+	cd bench && ../$(BIN)/python planning.py --write
+	cd bench && ../$(BIN)/python hbp_packing.py --write
+	cd bench && ../$(BIN)/python quality_matrix.py --write
+	cd bench && ../$(BIN)/python train_throughput.py --write
+	cd bench && ../$(BIN)/python chunk_memory.py --write
+	cd bench && ../$(BIN)/python cp_overlap.py --write
+endif
+	-command -v chromium >/dev/null && cd bench && ../$(BIN)/python report_render.py --write
 
 lint: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[lint]'

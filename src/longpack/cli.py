@@ -266,6 +266,25 @@ def reproduce_chunkflow(steps: Annotated[int, typer.Option(help="Global batches 
 
 
 @app.command()
+def report(out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("longpack-report.html"),
+           planners: Annotated[str, typer.Option(help="Comma-separated planner names.")] = "fixed_cp,skrull,isf",
+           baseline: Annotated[str, typer.Option(help="Planner the speedups are relative to.")] = "fixed_cp",
+           workload: Workload = None, lengths: Lengths = None, column: Column = "length", samples: Samples = None,
+           model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1,
+           pp: Pp = 1, global_batch: GlobalBatch = 256, steps: Annotated[int, typer.Option(help="Steps.")] = 4,
+           seed: Seed = 0, bucket_size: Bucket = None, max_len: MaxLen = None, opt: Opt = None) -> None:
+    """One self-contained HTML page: comparison table, per-rank load bars, step Gantt chart, memory, lengths."""
+    from .report.html import build_report
+
+    spec = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
+                        hardware=hardware, dp=dp, cp=cp, tp=tp, pp=pp, global_batch=global_batch, steps=steps,
+                        seed=seed, bucket_size=bucket_size, max_len=max_len, options=_options(opt))
+    names = [n.strip() for n in planners.split(",") if n.strip()]
+    out.write_text(build_report(spec, names, baseline))
+    print(f"wrote {out}")
+
+
+@app.command()
 def train(planner: Annotated[str, typer.Option(help="Planner whose plan is trained.")] = "isf",
           workload: Workload = "tiny-longtail", lengths: Lengths = None, column: Column = "length",
           samples: Samples = None, model: Annotated[str, typer.Option(help="Model shape (random init).")] =

@@ -36,7 +36,7 @@ from .bounds import step_lower_bound
 from .pipeline import Item
 from .pipeline import schedule as pipeline_schedule
 
-__all__ = ["StepReport", "SimReport", "simulate", "simulate_step"]
+__all__ = ["StepReport", "SimReport", "simulate", "simulate_step", "micro_batch_times"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class SimReport:
         return sum(1 for s in self.steps if s.oom)
 
 
-def _micro_batch(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndarray, ...]:
+def micro_batch_times(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndarray, ...]:
     """Per-rank (time, local compute, dist compute, comm, tokens, prefix tokens) of one micro-batch."""
     causal, ckpt = cost.cfg.causal_factor, mb.ckpt_layers
     tok_local = np.zeros(cp)
@@ -141,7 +141,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepRe
         mb_times = []
         held: dict[int, np.ndarray] = {}  # chain sample -> activation tokens per rank its kept chunks hold
         for mb in rep.micro_batches:
-            time, local, dist, c, tokens, prefix = _micro_batch(mb, cp, cost)
+            time, local, dist, c, tokens, prefix = micro_batch_times(mb, cp, cost)
             mb_times.append(float(time.max()) if mb.pieces else 0.0)
             busy[sl] += time
             compute[sl] += local + dist
