@@ -35,6 +35,7 @@ ifdef QUICK
 	cd bench && ../$(BIN)/python quality_matrix.py --steps 2 --samples 5000 --write
 	cd bench && ../$(BIN)/python train_throughput.py --samples 192 --repeat 1 --write
 	cd bench && ../$(BIN)/python cp_overlap.py --steps 2 --write
+	cd bench && ../$(BIN)/python sim_validation.py --steps 4 --write
 else
 	cd bench && ../$(BIN)/python planning.py --write
 	cd bench && ../$(BIN)/python hbp_packing.py --write
@@ -42,6 +43,7 @@ else
 	cd bench && ../$(BIN)/python train_throughput.py --write
 	cd bench && ../$(BIN)/python chunk_memory.py --write
 	cd bench && ../$(BIN)/python cp_overlap.py --write
+	cd bench && ../$(BIN)/python sim_validation.py --write
 endif
 	-command -v chromium >/dev/null && cd bench && ../$(BIN)/python report_render.py --write
 

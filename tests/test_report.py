@@ -35,3 +35,20 @@ def test_report_page_for_the_issue_setup(tmp_path):
     assert all(src.startswith("data:image/png;base64,") and len(src) > 1000 for src in page.images)
     assert page.rows == 1 + 3 and not page.external
     assert re.search(r"<td>skrull</td>", out.read_text())
+
+
+def test_calibrate_fits_and_saves_a_loadable_hardware_spec(tmp_path):
+    import pytest
+
+    pytest.importorskip("torch")
+    from longpack.hardware import load_hardware
+    from longpack.model import get_model
+    from longpack.runtime.calibrate import calibrate
+
+    grid = [(16, 2), (32, 4), (64, 1), (128, 1), (16, 8), (64, 4)]
+    hw, rep = calibrate(get_model("tiny"), repeats=1, threads=1, grid=grid)
+    assert hw.peak_flops > 0 and 0 < hw.mfu_attn <= 1 and hw.layer_overhead_s >= 0
+    assert len(rep["points"]) == len(grid) and rep["rms_relative_error"] >= 0
+    path = tmp_path / "hw.json"
+    path.write_text(hw.to_json())
+    assert load_hardware(str(path)) == hw

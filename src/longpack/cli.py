@@ -266,6 +266,29 @@ def reproduce_chunkflow(steps: Annotated[int, typer.Option(help="Global batches 
 
 
 @app.command()
+def calibrate(out: Annotated[Path, typer.Option(help="HardwareSpec JSON to write.")] = Path("calibrated.json"),
+              model: Annotated[str, typer.Option(help="Model shape to time (random init).")] = "tiny-llama",
+              base: Annotated[str, typer.Option(help="Hardware preset for memory and collectives.")] = "cpu",
+              repeats: Annotated[int, typer.Option(help="Timed steps per grid point (median).")] = 3,
+              threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
+              json_out: Json = False) -> None:
+    """Time real training steps on this machine, fit the cost model (least squares), save a HardwareSpec JSON."""
+    from .model import get_model
+    from .runtime.calibrate import calibrate as run
+
+    hw, rep = run(get_model(model), base=base, repeats=repeats, threads=threads)
+    out.write_text(hw.to_json())
+    if json_out:
+        print(json.dumps(rep | {"out": str(out)}))
+        return
+    for p in rep["points"]:
+        print(f"{p['docs']:3d} x {p['doc_len']:5d} tokens: measured {p['measured_s']:.4f} s, predicted "
+              f"{p['predicted_s']:.4f} s ({100 * p['error']:+.1f}%)")
+    print(f"fit error: rms {100 * rep['rms_relative_error']:.1f}%, max {100 * rep['max_relative_error']:.1f}% "
+          f"({rep['device']}, {rep['threads']} threads); wrote {out}")
+
+
+@app.command()
 def report(out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("longpack-report.html"),
            planners: Annotated[str, typer.Option(help="Comma-separated planner names.")] = "fixed_cp,skrull,isf",
            baseline: Annotated[str, typer.Option(help="Planner the speedups are relative to.")] = "fixed_cp",
