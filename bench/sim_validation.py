@@ -2,7 +2,8 @@
 
     python bench/sim_validation.py [--steps 8] [--write]
 
-1. ``longpack calibrate`` on this machine (tiny-llama, 1 thread, as each of the 2 training processes uses).
+1. ``longpack calibrate --nproc 2`` on this machine (tiny-llama, 2 processes of 1 thread timing each point at once,
+   as the 2 training processes run).
 2. For random_padded, isf and skrull: ``longpack train --nproc 2`` on tiny-longtail (2 gloo ranks, DP 2) logs every
    step's wall time; the same plan is simulated with the calibrated HardwareSpec.
 3. Per-step relative error (predicted − measured) / measured; the goal is within 10%.
@@ -33,7 +34,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hw = f"{tmp}/cpu.json"
         cal = json.loads(subprocess.run([sys.executable, "-m", "longpack.cli", "calibrate", "--out", hw, "--threads",
-                                         "1", "--json"], capture_output=True, text=True, check=True).stdout)
+                                         "1", "--nproc", "2", "--json"], capture_output=True, text=True,
+                                        check=True).stdout)
         rows = []
         for planner in PLANNERS:
             out = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--workload", "tiny-longtail",
@@ -56,7 +58,7 @@ def main() -> None:
                 "|---|---|---|---|---|---|\n"
                 + "\n".join(f"| {p} | {m:.3f} | {s:.3f} | {100 * e:.1f}% | {100 * x:.1f}% | {100 * f:+.1f}% |"
                             for p, m, s, e, x, f in rows)
-                + f"\n\nCalibration fit (tiny-llama, 1 thread, {len(cal['points'])} micro-batches): rms "
+                + f"\n\nCalibration fit (tiny-llama, 2 processes x 1 thread, {len(cal['points'])} micro-batches): rms "
                 f"{100 * cal['rms_relative_error']:.1f}%, max {100 * cal['max_relative_error']:.1f}%. Training: 2 gloo "
                 f"processes, tiny-longtail, global batch 32, token cap 4096, {args.steps} steps; errors over steps "
                 "2.. (the first step carries one-time costs).")

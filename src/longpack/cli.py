@@ -271,12 +271,13 @@ def calibrate(out: Annotated[Path, typer.Option(help="HardwareSpec JSON to write
               base: Annotated[str, typer.Option(help="Hardware preset for memory and collectives.")] = "cpu",
               repeats: Annotated[int, typer.Option(help="Timed steps per grid point (median).")] = 3,
               threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
+              nproc: Annotated[int, typer.Option(help="Processes timing each point at once (as in training).")] = 1,
               json_out: Json = False) -> None:
     """Time real training steps on this machine, fit the cost model (least squares), save a HardwareSpec JSON."""
     from .model import get_model
     from .runtime.calibrate import calibrate as run
 
-    hw, rep = run(get_model(model), base=base, repeats=repeats, threads=threads)
+    hw, rep = run(get_model(model), base=base, repeats=repeats, threads=threads, nproc=nproc)
     out.write_text(hw.to_json())
     if json_out:
         print(json.dumps(rep | {"out": str(out)}))

@@ -128,6 +128,10 @@ class CostModel:
         out = p * self._attn_per_pair * passes * (q + self.hw.attn_half_len) / q / self._attn_rate
         return float(out) if out.ndim == 0 else out
 
+    def docs_s(self, documents: float | np.ndarray) -> float | np.ndarray:
+        """Per-document attention call cost of ``documents`` documents (or zigzag blocks) on one rank."""
+        return self.layers * self.hw.doc_overhead_s * np.asarray(documents, dtype=np.float64)
+
     @property
     def fixed_s(self) -> float:
         """Kernel-launch cost of one micro-batch on one rank (forward + backward)."""

@@ -6,7 +6,9 @@ A :class:`HardwareSpec` carries everything the cost model needs to turn FLOPs, b
 * small-work efficiency loss: a GEMM over n tokens runs at ``n / (n + gemm_half_tokens)`` of its best speed and an
   attention block with q queries at ``q / (q + attn_half_len)`` (Skrull Fig. 1b: short sequences sharded over a
   large CP group run far below peak, PAPERS.md §2.1);
-* ``layer_overhead_s``: fixed launch cost per layer per micro-batch (forward + backward);
+* ``layer_overhead_s``: fixed launch cost per layer per micro-batch (forward + backward); ``doc_overhead_s``: per
+  document (or zigzag block) per layer — zero for varlen kernels on GPU, which take a whole packed stream in one
+  call; the CPU path calls attention once per distinct document length, and ``longpack calibrate`` measures it;
 * memory: capacity, a reserve for the runtime and allocator, a fragmentation factor on activations;
 * collectives: measured latency (µs) by message size (MB), interpolated piecewise-linearly with the smallest
   entry as the latency floor (PAPERS.md §2.3 Table 5 is the default, measured on H100 NVLink/IB).
@@ -72,6 +74,7 @@ class HardwareSpec:
     gemm_half_tokens: float = 128.0
     attn_half_len: float = 512.0
     layer_overhead_s: float = 250e-6
+    doc_overhead_s: float = 0.0
     reserve_gib: float = 3.0
     fragmentation: float = 1.1
     collectives: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=lambda: dict(SKRULL_H100_TABLE))
@@ -147,7 +150,7 @@ def _a100() -> HardwareSpec:
     # NVLink 3 (600 GB/s) vs NVLink 4 (900 GB/s): the bandwidth part of Skrull's table 1.5x slower.
     return HardwareSpec(name="a100", peak_flops=312e12, memory_gib=80.0, intra_node_gbps=300.0,
                         inter_node_gbps=25.0, table_bus_gbps=107.0,
-                        collectives=_scaled_table(SKRULL_H100_TABLE, 1.5), layer_overhead_s=80e-6)
+                        collectives=_scaled_table(SKRULL_H100_TABLE, 1.5))
 
 
 def _cpu() -> HardwareSpec:

@@ -3,13 +3,15 @@
 Times forward + backward of the runtime's model on a grid of packed micro-batches that vary Σ s_i (linear work) and
 Σ s_i² (attention work) independently, then fits by non-negative least squares
 
-    t = a · F_lin + b · F_attn + c
+    t = a · F_lin + b · F_attn + d · L · documents + c
 
 where F_lin = tokens · (L·F_token + F_head) · 3 and F_attn = pairs · L · F_pair · 3.5 are the cost model's FLOP
-counts (cost.py). The fitted rates become a HardwareSpec: ``peak_flops`` = 1/a with ``mfu_gemm`` = 1,
-``mfu_attn`` = a/b, ``layer_overhead_s`` = c / L, and no small-work terms (the fit absorbs them). The fit's error
+counts (cost.py). Documents in a grid point have distinct lengths, as real packs do, so every document costs an
+attention call. The fitted rates become a HardwareSpec: ``peak_flops`` = 1/a with ``mfu_gemm`` = 1,
+``mfu_attn`` = a/b, ``doc_overhead_s`` = d, ``layer_overhead_s`` = c / L, and no small-work terms. The fit's error
 is reported per grid point; the spec is saved as JSON for ``--hardware my.json``. On a GPU (CUDA available) the
-same procedure runs there.
+same procedure runs there. With ``nproc`` > 1 that many processes time every grid point at the same moment (a
+barrier before each), so the fit sees the memory-bandwidth and cache contention a multi-process training run has.
 
 Cost: |grid| x (1 warm-up + ``repeats``) training steps; ~1 minute for tiny-llama on 2 CPU cores.
 """
@@ -39,11 +41,16 @@ GRID = [(64, 8), (64, 32), (256, 2), (256, 8), (256, 16), (512, 4), (1024, 1), (
         (2048, 2), (4096, 1), (128, 24), (512, 1)]
 
 
+def _doc_lengths(doc: int, count: int) -> dict[int, int]:
+    """``count`` distinct lengths around ``doc`` (same total within a few tokens), like a real pack."""
+    return {i: doc + i - count // 2 for i in range(count)}
+
+
 def _time_step(model: Decoder, corpus: SyntheticCorpus, doc: int, count: int, repeats: int,
                device: torch.device) -> float:
-    lengths = {i: doc for i in range(count)}
-    mb = MicroBatch(pieces=tuple(Piece(i, 0, doc) for i in range(count)))
-    plan = Plan("calibrate", 1, lengths, (Step(cp=1, token_cap=doc * count, replicas=(Replica((mb,)),)),))
+    lengths = _doc_lengths(doc, count)
+    mb = MicroBatch(pieces=tuple(Piece(i, 0, n) for i, n in lengths.items()))
+    plan = Plan("calibrate", 1, lengths, (Step(cp=1, token_cap=sum(lengths.values()), replicas=(Replica((mb,)),)),))
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
@@ -55,33 +62,76 @@ def _time_step(model: Decoder, corpus: SyntheticCorpus, doc: int, count: int, re
     return statistics.median(times[1:])
 
 
-def calibrate(spec: ModelSpec, *, base: str = "cpu", repeats: int = 3, threads: int | None = None,
-              grid: list[tuple[int, int]] | None = None) -> tuple[HardwareSpec, dict[str, Any]]:
-    """Measure, fit, and return (HardwareSpec, report with per-point measured/predicted times and errors)."""
-    if threads:
-        torch.set_num_threads(threads)
+def _measure(spec: ModelSpec, grid: list[tuple[int, int]], repeats: int, barrier: Any = None) -> list[float]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = Decoder(DecoderConfig.from_spec(spec)).to(device)
     corpus = SyntheticCorpus(spec.vocab)
+    out = []
+    for doc, count in grid:
+        if barrier is not None:
+            barrier()
+        out.append(_time_step(model, corpus, doc, count, repeats, device))
+    return out
+
+
+def _worker(rank: int, nproc: int, port: int, spec: ModelSpec, grid: list, repeats: int, threads: int,
+            path: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", rank=rank, world_size=nproc)
+    times = _measure(spec, grid, repeats, barrier=dist.barrier)
+    gathered: list[Any] = [None] * nproc
+    dist.all_gather_object(gathered, times)
+    if rank == 0:
+        torch.save(gathered, path)
+    dist.destroy_process_group()
+
+
+def calibrate(spec: ModelSpec, *, base: str = "cpu", repeats: int = 3, threads: int | None = None,
+              grid: list[tuple[int, int]] | None = None, nproc: int = 1) -> tuple[HardwareSpec, dict[str, Any]]:
+    """Measure, fit, and return (HardwareSpec, report with per-point measured/predicted times and errors)."""
+    grid = grid or GRID
+    if threads:
+        torch.set_num_threads(threads)
+    if nproc > 1:
+        import tempfile
+
+        from .dist import free_port
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = f"{tmp}/times.pt"
+            torch.multiprocessing.spawn(_worker, args=(nproc, free_port(), spec, grid, repeats,
+                                                       threads or torch.get_num_threads(), path), nprocs=nproc)
+            per_rank = torch.load(path, weights_only=False)
+        measured = [float(np.mean(col)) for col in zip(*per_rank, strict=True)]
+    else:
+        measured = _measure(spec, grid, repeats)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ref = CostModel(spec, get_hardware(base), TrainConfig())
-    rows, measured = [], []
-    for doc, count in grid or GRID:
-        measured.append(_time_step(model, corpus, doc, count, repeats, device))
-        tokens, pairs = doc * count, 0.5 * doc * doc * count
+    rows = []
+    for doc, count in grid:
+        sizes = np.array(list(_doc_lengths(doc, count).values()), dtype=np.float64)
+        tokens, pairs = sizes.sum(), 0.5 * float((sizes * sizes).sum())
         lin = tokens * (ref.layers * spec.linear_flops_per_token + spec.head_flops_per_token) * 3.0
         attn = pairs * ref.layers * spec.attn_flops_per_pair * (1.0 + ref.cfg.attn_bwd_factor)
-        rows.append((lin, attn, 1.0))
+        rows.append((lin, attn, ref.layers * count, 1.0))
     x, y = np.array(rows), np.array(measured)
     coef = _nnls(x, y)
     pred = x @ coef
-    a, b, c = (max(float(v), 1e-30) for v in coef)
+    a, b = (max(float(v), 1e-30) for v in coef[:2])
+    d, c = float(coef[2]), float(coef[3])
     hw = replace(get_hardware(base), name=f"{base}-calibrated", peak_flops=1.0 / a, mfu_gemm=1.0,
-                 mfu_attn=min(1.0, a / b), gemm_half_tokens=0.0, attn_half_len=0.0,
+                 mfu_attn=min(1.0, a / b), gemm_half_tokens=0.0, attn_half_len=0.0, doc_overhead_s=d,
                  layer_overhead_s=c / ref.layers)
     errors = (pred - y) / y
     report = {"points": [{"doc_len": d, "docs": n, "measured_s": float(m), "predicted_s": float(p),
-                          "error": float(e)} for (d, n), m, p, e in zip(grid or GRID, y, pred, errors, strict=True)],
+                          "error": float(e)} for (d, n), m, p, e in zip(grid, y, pred, errors, strict=True)],
+              "nproc": nproc,
               "rms_relative_error": float(np.sqrt(np.mean(errors ** 2))),
               "max_relative_error": float(np.abs(errors).max()), "device": str(device),
               "threads": torch.get_num_threads(), "model": spec.name}

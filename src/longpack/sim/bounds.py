@@ -33,6 +33,7 @@ def sample_work(lengths: np.ndarray, cost: CostModel) -> tuple[np.ndarray, np.nd
     pairs = np.asarray(attention_pairs(0, s, cost.cfg.causal_factor), dtype=np.float64)
     # Sharded over cp: every rank does 1/cp of the tokens and pairs in blocks of s/(2cp) queries.
     q_shard = s / (2 * cp) if cp > 1 else s
+    # (per-document call costs are left out: padded rows share one call, so they are not a per-sample lower bound)
     shard_unit = (np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0)))
     work = cp * shard_unit
     unit = shard_unit.copy()

@@ -93,6 +93,8 @@ def micro_batch_times(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndar
     causal, ckpt = cost.cfg.causal_factor, mb.ckpt_layers
     tok_local = np.zeros(cp)
     attn_local = np.zeros(cp)
+    docs_local = np.zeros(cp)
+    docs_dist = 0.0
     prefix = np.zeros(cp)
     tok_dist = attn_dist = shard_tokens = 0.0
     for p in mb.pieces:
@@ -102,13 +104,17 @@ def micro_batch_times(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndar
         if p.cp_rank is None and cp > 1:
             tok_dist += math.ceil(n / cp)
             attn_dist += float(cost.attn_s(pairs / cp, n / (2 * cp), ckpt))
+            docs_dist += 2  # two zigzag blocks per rank
             shard_tokens += n
             prefix += p.start / cp
         else:
             j = p.cp_rank or 0
             tok_local[j] += n
             attn_local[j] += cost.attn_s(pairs, n, ckpt)
+            docs_local[j] += 1
             prefix[j] += p.start
+    if mb.pad_to:  # padded rows all have one length: one batched attention call per rank
+        docs_local, docs_dist = np.minimum(docs_local, 1), min(docs_dist, 2)
     tokens = tok_local + tok_dist
     lin = np.asarray(cost.linear_s(tokens, ckpt), dtype=np.float64)
     if mb.recompute:
@@ -118,8 +124,8 @@ def micro_batch_times(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndar
         scale = 1.0 + 1.0 / (1.0 + cost.cfg.attn_bwd_factor + k)
         attn_local, attn_dist = attn_local * scale, attn_dist * scale
     share = np.divide(tok_local, tokens, out=np.zeros(cp), where=tokens > 0)
-    local = lin * share + attn_local
-    dist = lin * (1 - share) + attn_dist
+    local = lin * share + attn_local + np.asarray(cost.docs_s(docs_local))
+    dist = lin * (1 - share) + attn_dist + float(cost.docs_s(docs_dist))
     comm = cost.cp_comm_s(shard_tokens, ckpt)
     fixed = cost.fixed_s if mb.pieces else 0.0
     time = np.maximum(comm, local) + dist + fixed
