@@ -206,5 +206,6 @@ def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarra
             "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options),
             "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
                          "dropped": len(dropped)}}
-    return Plan(planner=planner.name, world=ctx.world, lengths={int(s): int(lengths[s]) for s in scope},
+    return Plan(planner=planner.name, world=ctx.world, lengths=dict(zip(scope.tolist(), lengths[scope].tolist(),
+                                                                         strict=True)),
                 steps=tuple(steps), truncated=truncated, dropped=dropped, meta=meta)

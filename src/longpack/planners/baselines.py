@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from ..plan import MicroBatch, Piece
+from ..plan import MicroBatch, make_pieces
 from .base import Batch, PlanContext, Planner, assemble_step, chain_pieces, register
 from .packers import PACKERS, next_fit
 
@@ -51,7 +51,8 @@ def _rank_weights(lengths: np.ndarray, cp: int) -> np.ndarray:
 
 
 def _sharded(batch: Batch, positions: list[int], ckpt: int, pad_to: int = 0) -> MicroBatch:
-    pieces = tuple(Piece(int(batch.samples[i]), 0, int(batch.lengths[i]), None) for i in positions)
+    idx = np.asarray(positions, dtype=np.int64)
+    pieces = make_pieces(batch.samples[idx].tolist(), [0] * idx.size, batch.lengths[idx].tolist(), None)
     return MicroBatch(pieces=pieces, ckpt_layers=ckpt, pad_to=pad_to)
 
 
