@@ -125,6 +125,10 @@ class Plan:
             return 0
         return self.truncated.get(sample, self.lengths[sample])
 
+    def is_chunk(self, piece: Piece) -> bool:
+        """True when ``piece`` is part of a split sample (a link of a chunk chain), not the whole sample."""
+        return piece.start > 0 or piece.stop < self.effective_length(piece.sample)
+
     def iter_pieces(self) -> Iterator[tuple[int, int, int, Piece]]:
         """(step, replica, micro-batch, piece) for every piece, in execution order."""
         for s, step in enumerate(self.steps):

@@ -29,7 +29,7 @@ def _documents(cu: list[int]):  # noqa: ANN202
 
 def _chain_segment(plan: Plan, mbs: tuple[MicroBatch, ...], i: int) -> tuple[int, int] | None:
     """(sample, last index) when micro-batch ``i`` starts a chunk chain; None for whole documents only."""
-    starts = [p for p in mbs[i].pieces if p.start == 0 and p.stop < plan.effective_length(p.sample)]
+    starts = [p for p in mbs[i].pieces if p.start == 0 and plan.is_chunk(p)]
     if any(p.start > 0 for p in mbs[i].pieces):
         raise ValueError(f"micro-batch {i} continues a chunk chain whose first chunk is not on this replica")
     if not starts:
@@ -54,7 +54,7 @@ def _run_cp(model: Decoder, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], 
     for i, mb in enumerate(mbs):
         if not mb.pieces:
             continue
-        if any(p.cp_rank is None and (p.start > 0 or p.stop < plan.effective_length(p.sample)) for p in mb.pieces):
+        if any(p.cp_rank is None and plan.is_chunk(p) for p in mb.pieces):
             raise NotImplementedError(f"step {step}, micro-batch {i}: a chunk of a split sample sharded over CP; "
                                       "chunk chains run only at cp=1 in this version")
         rows, sharded = rank_pieces(mb, cp, cp_rank)

@@ -153,7 +153,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepRe
             compute[sl] += local + dist
             comm[sl] += c
             overlap[sl] += np.minimum(c, local)
-            chains = [p for p in mb.pieces if p.start > 0 or p.stop < plan.effective_length(p.sample)]
+            chains = [p for p in mb.pieces if plan.is_chunk(p)]
             resident = tokens + sum((held.get(p.sample, 0.0) for p in chains), np.zeros(cp))
             mem = [cost.memory_bytes(t, mb.ckpt_layers, p) for t, p in zip(resident, prefix, strict=True)]
             peak[sl] = np.maximum(peak[sl], mem)
@@ -190,7 +190,7 @@ def _pipeline_items(mbs: tuple[MicroBatch, ...], times: list[float], plan: Plan,
     for mb, t in zip(mbs, times, strict=True):
         if not mb.pieces:
             continue
-        chain = next((p.sample for p in mb.pieces if p.start > 0 or p.stop < plan.effective_length(p.sample)), None)
+        chain = next((p.sample for p in mb.pieces if plan.is_chunk(p)), None)
         items.append(Item(fwd=t / (3.0 + (1.0 if mb.recompute else 0.0)), chain=chain, recompute=mb.recompute))
     return items
 
@@ -200,7 +200,7 @@ def _kept_chunks(mbs: tuple[MicroBatch, ...], plan: Plan) -> int:
     kept: dict[int, int] = {}
     for mb in mbs:
         for p in mb.pieces:
-            if (p.start > 0 or p.stop < plan.effective_length(p.sample)) and not mb.recompute:
+            if plan.is_chunk(p) and not mb.recompute:
                 kept[p.sample] = kept.get(p.sample, 0) + 1
     return max(kept.values(), default=1)
 
