@@ -29,7 +29,7 @@ from ..model import UnknownNameError
 from ..plan import MicroBatch, Piece, Plan, Replica, Step
 
 __all__ = ["PlanContext", "Batch", "Planner", "register", "get_planner", "PLANNERS", "make_plan",
-           "global_batches", "apply_overlong", "assemble_step", "OverlongError", "chain_pieces"]
+           "global_batches", "apply_overlong", "assemble_step", "OverlongError", "chain_pieces", "place_chains"]
 
 OVERLONG_POLICIES = ("split", "truncate", "drop", "error")
 
@@ -171,6 +171,18 @@ def chain_pieces(sample: int, length: int, piece_len: int, cp_rank: int | None =
     """
     n = math.ceil(length / piece_len)
     return [Piece(sample, i * piece_len, min(length, (i + 1) * piece_len), cp_rank) for i in range(n)]
+
+
+def place_chains(batch: Batch, replicas: list[list[MicroBatch]], ctx: PlanContext, pad: bool = False) -> None:
+    """Append each over-long sample's pieces, one per micro-batch and in order, to the replica holding the fewest
+    tokens (``pad``: each piece as a padded row of its own length)."""
+    load = [sum(mb.tokens for mb in r) for r in replicas]
+    for i in batch.chains.tolist():
+        target = min(range(len(replicas)), key=lambda r: (load[r], r))
+        for p in chain_pieces(int(batch.samples[i]), int(batch.lengths[i]), batch.piece_len):
+            replicas[target].append(MicroBatch(pieces=(p,), ckpt_layers=ctx.ckpt_layers,
+                                               pad_to=p.stop - p.start if pad else 0))
+        load[target] += int(batch.lengths[i])
 
 
 def assemble_step(replicas: Sequence[Sequence[MicroBatch]], *, cp: int, token_cap: int, group: str = "") -> Step:

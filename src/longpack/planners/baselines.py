@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from ..plan import MicroBatch, make_pieces
-from .base import Batch, PlanContext, Planner, assemble_step, chain_pieces, register
+from .base import Batch, PlanContext, Planner, assemble_step, place_chains, register
 from .packers import PACKERS, next_fit
 
 __all__ = ["RandomPadded", "Sorted", "PackedBaseline", "FixedCP", "OneSeq"]
@@ -54,15 +54,6 @@ def _sharded(batch: Batch, positions: list[int], ckpt: int, pad_to: int = 0) -> 
     idx = np.asarray(positions, dtype=np.int64)
     pieces = make_pieces(batch.samples[idx].tolist(), [0] * idx.size, batch.lengths[idx].tolist(), None)
     return MicroBatch(pieces=pieces, ckpt_layers=ckpt, pad_to=pad_to)
-
-
-def _place_chains(batch: Batch, replicas: list[list[MicroBatch]], ctx: PlanContext, pad: bool = False) -> None:
-    """Append each over-long sample's pieces, one per micro-batch, to the replica with the fewest tokens."""
-    for i in batch.chains.tolist():
-        target = min(range(len(replicas)), key=lambda r: (sum(mb.tokens for mb in replicas[r]), r))
-        for p in chain_pieces(int(batch.samples[i]), int(batch.lengths[i]), batch.piece_len):
-            replicas[target].append(MicroBatch(pieces=(p,), ckpt_layers=ctx.ckpt_layers,
-                                               pad_to=p.stop - p.start if pad else 0))
 
 
 def _padded_groups(lengths: np.ndarray, order: list[int], cp: int, cap: int, max_rows: int) -> list[list[int]]:
@@ -107,7 +98,7 @@ class RandomPadded(Planner):
         for part in _deal(whole, dp):
             groups = _padded_groups(batch.lengths, part, cp, cap, ctx.option("micro_batch_size", 8))
             replicas.append([_sharded(batch, g, ctx.ckpt_layers, int(batch.lengths[g].max())) for g in groups])
-        _place_chains(batch, replicas, ctx, pad=True)
+        place_chains(batch, replicas, ctx, pad=True)
         return assemble_step(replicas, cp=cp, token_cap=cap)
 
 
@@ -132,7 +123,7 @@ class Sorted(Planner):
         groups = [groups[j] for j in rng.permutation(len(groups))]
         mbs = [_sharded(batch, g, ctx.ckpt_layers, int(batch.lengths[g].max())) for g in groups]
         replicas = _deal(mbs, dp)
-        _place_chains(batch, replicas, ctx, pad=True)
+        place_chains(batch, replicas, ctx, pad=True)
         return assemble_step(replicas, cp=cp, token_cap=cap)
 
 
@@ -161,7 +152,7 @@ class PackedBaseline(Planner):
         bins = [bins[j] for j in rng.permutation(len(bins))]
         mbs = [_sharded(batch, [int(whole[i]) for i in b], ctx.ckpt_layers) for b in bins]
         replicas = _deal(mbs, dp)
-        _place_chains(batch, replicas, ctx)
+        place_chains(batch, replicas, ctx)
         return assemble_step(replicas, cp=cp, token_cap=cap)
 
 
@@ -213,7 +204,7 @@ class FixedCP(Planner):
             mbs = ctx.option("micro_batch_size", 0)
             bins = next_fit(_rank_weights(batch.lengths[part], cp), cap, mbs) if part.size else []
             replicas.append([_sharded(batch, [int(part[i]) for i in b], ctx.ckpt_layers) for b in bins])
-        _place_chains(batch, replicas, ctx)
+        place_chains(batch, replicas, ctx)
         return assemble_step(replicas, cp=cp, token_cap=cap)
 
 
@@ -228,5 +219,5 @@ class OneSeq(Planner):
         cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
         mbs = [_sharded(batch, [int(i)], ctx.ckpt_layers) for i in batch.whole]
         replicas = _deal(mbs, dp)
-        _place_chains(batch, replicas, ctx)
+        place_chains(batch, replicas, ctx)
         return assemble_step(replicas, cp=cp, token_cap=cap)

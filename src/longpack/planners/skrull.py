@@ -54,7 +54,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..plan import MicroBatch, Piece
-from .base import Batch, PlanContext, Planner, assemble_step, chain_pieces, register
+from .base import Batch, PlanContext, Planner, assemble_step, place_chains, register
 from .packers import karmarkar_karp, lpt
 
 __all__ = ["dacp", "round_robin", "Skrull", "SkrullRR", "sequence_costs"]
@@ -177,7 +177,7 @@ class Skrull(Planner):
             pos = whole[np.asarray(b, dtype=np.int64)]
             pos = pos[np.lexsort((batch.samples[pos], batch.lengths[pos]))]  # ascending, ties by sample id
             replicas.append(self._micro_batches(batch, pos, t_local, t_shard, ctx, rollback))
-        self._place_chains(batch, replicas, t_shard, ctx)
+        place_chains(batch, replicas, ctx)
         return assemble_step(replicas, cp=cp, token_cap=cap)
 
     def _micro_batches(self, batch: Batch, pos: np.ndarray, t_local: np.ndarray, t_shard: np.ndarray,
@@ -207,19 +207,6 @@ class Skrull(Planner):
             else:
                 return placed
         raise AssertionError("unreachable: one sequence per micro-batch always fits")
-
-    @staticmethod
-    def _place_chains(batch: Batch, replicas: list[list[MicroBatch]], t_shard: np.ndarray, ctx: PlanContext) -> None:
-        """Over-long samples: a chain of sharded pieces, one per micro-batch, on the replica with least work."""
-        load = [0.0] * len(replicas)
-        for r, mbs in enumerate(replicas):
-            for mb in mbs:
-                load[r] += sum(p.stop - p.start for p in mb.pieces)
-        for i in batch.chains.tolist():
-            r = min(range(len(replicas)), key=lambda k: (load[k], k))
-            for p in chain_pieces(int(batch.samples[i]), int(batch.lengths[i]), batch.piece_len):
-                replicas[r].append(MicroBatch(pieces=(p,), ckpt_layers=ctx.ckpt_layers))
-            load[r] += int(batch.lengths[i])
 
 
 register(Skrull)
