@@ -24,7 +24,7 @@ from .. import jobs  # noqa: E402
 from ..cost import CostModel  # noqa: E402
 from ..plan import Plan  # noqa: E402
 from ..sim import simulate  # noqa: E402
-from ..sim.simulate import micro_batch_times  # noqa: E402
+from ..sim.simulate import StepReport, micro_batch_times  # noqa: E402
 
 __all__ = ["build_report"]
 
@@ -36,13 +36,8 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _busiest_step(plan: Plan, cost: CostModel) -> int:
-    report = simulate(plan, cost)
-    return int(np.argmax([s.time_s for s in report.steps])) if report.steps else 0
-
-
-def load_bars(plan: Plan, cost: CostModel, step: int) -> str:
-    s = simulate(plan, cost).steps[step]
+def load_bars(plan: Plan, s: StepReport) -> str:
+    step = s.step
     compute = np.array(s.compute_s)
     exposed = np.array(s.comm_s) - np.array(s.overlap_s)
     idle = np.array(s.idle_s)
@@ -93,8 +88,8 @@ def gantt(plan: Plan, cost: CostModel, step: int, max_ranks: int = 16) -> str:
     return _png(fig)
 
 
-def memory_bars(plan: Plan, cost: CostModel, step: int) -> str:
-    s = simulate(plan, cost).steps[step]
+def memory_bars(plan: Plan, cost: CostModel, s: StepReport) -> str:
+    step = s.step
     mem = np.array(s.peak_mem_bytes) / 2**30
     fig, ax = plt.subplots(figsize=(max(5, len(mem) * 0.25), 2.4))
     ax.bar(np.arange(len(mem)), mem, color="#4c72b0")
@@ -131,11 +126,13 @@ def build_report(spec: jobs.RunSpec, planners: list[str], baseline: str) -> str:
     sections = []
     for name in result["planners"]:
         plan, _ = jobs.run_plan(name, lengths, spec, cost, default_max_len)
-        step = _busiest_step(plan, cost)
+        steps = simulate(plan, cost).steps  # once per planner; every picture reads the slowest step from it
+        slowest = max(steps, key=lambda s: s.time_s)
+        step = slowest.step
         if plan.meta.get("hbp"):
             for tag in plan.meta["hbp"].get("groups", []):
                 marks[f"hbp {tag}"] = int(tag.split("/")[0].rstrip("K")) * (1024 if "K/" in tag else 1)
-        images = [load_bars(plan, cost, step), gantt(plan, cost, step), memory_bars(plan, cost, step)]
+        images = [load_bars(plan, slowest), gantt(plan, cost, step), memory_bars(plan, cost, slowest)]
         sections.append(f"<h2>{html.escape(name)}</h2><p>slowest simulated step: {step}</p>"
                         + "".join(f'<img src="{src}" alt="{html.escape(name)}">' for src in images))
     hist = length_histogram(np.asarray(lengths), marks)
