@@ -82,13 +82,14 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     init_distributed("cpu")
-    groups = CPGroups.build({cp}, world)
     plan = make_plan(planner, world // cp, cap=cap, cp=cp, **options)
     plan.validate()
+    cp = plan.steps[0].cp  # a planner may choose the step's degree (unified)
+    groups = CPGroups.build({cp}, world)
     model = make_model()
     mbs = plan.steps[0].replicas[rank // cp].micro_batches
     loss, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=rank % cp,
-                                cp_group=groups.group(cp, rank), overlap=overlap)
+                                cp_group=groups.group(cp, rank) if cp > 1 else None, overlap=overlap)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     stats = torch.tensor([loss], dtype=torch.float64)
     all_reduce_sum(grads + [stats])
@@ -98,8 +99,8 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
         local = sum(1 for r in plan.steps[0].replicas for mb in r.micro_batches for p in mb.pieces
                     if p.cp_rank is not None)
         torch.save({"loss": float(stats[0]), "grads": dict(zip([k for k, _ in model.named_parameters()], grads,
-                                                                 strict=True)), "sharded": sharded, "local": local},
-                   out)
+                                                                 strict=True)), "sharded": sharded, "local": local,
+                    "cp": cp}, out)
     torch.distributed.destroy_process_group()
 
 

@@ -109,18 +109,22 @@ def test_blockwise_attention_matches_masked_reference():
         assert torch.allclose(got, exp, atol=1e-13)
 
 
-def test_chunk_train_cli_chunkflow_end_to_end():
+def _train_two_steps(*flags: str) -> None:
+    """`longpack train` on the tiny long-tail workload, 2 processes, 2 steps: it runs and logs a positive loss."""
     import json
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--workload", "tiny-longtail",
-                           "--planner", "chunkflow", "--opt", "chunk_size=256", "--opt", "k=1", "--nproc", "2",
-                           "--steps", "2", "--global-batch", "24", "--json"], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--workload", "tiny-longtail", *flags,
+                           "--nproc", "2", "--steps", "2", "--global-batch", "24", "--json"], capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
     assert len(steps) == 2 and all(s["loss"] > 0 for s in steps)
+
+
+def test_chunk_train_cli_chunkflow_end_to_end():
+    _train_two_steps("--planner", "chunkflow", "--opt", "chunk_size=256", "--opt", "k=1")
 
 
 def test_chunk_parity_dp2_chunkflow(tmp_path):
@@ -137,3 +141,21 @@ def test_chunk_parity_dp2_chunkflow(tmp_path):
     assert got["loss"] == pytest.approx(ref_loss, rel=RTOL)
     for name, g in ref.items():
         assert float((got["grads"][name] - g).norm() / g.norm()) <= RTOL, name
+
+
+def test_chunk_parity_unified_chains_single_process():
+    """unified at cap 32 on one rank: samples over 32 tokens become chains (first N - K chunks recomputed)."""
+    from dist_workers import make_plan, packed_grads, reference_grads
+
+    plan = make_plan("unified", 1, cap=32)
+    assert any(mb.recompute for r in plan.steps[0].replicas for mb in r.micro_batches)
+    ref_loss, ref = reference_grads("token_mean")
+    loss, grads = packed_grads("unified", 1, 0, "token_mean", cap=32)
+    assert loss == pytest.approx(ref_loss, rel=RTOL)
+    for name, g in ref.items():
+        assert float((grads[name] - g).norm() / g.norm()) <= RTOL, name
+
+
+def test_chunk_train_cli_unified_end_to_end():
+    """`longpack train --planner unified` with chains (the runtime keeps them at cp 1)."""
+    _train_two_steps("--planner", "unified", "--bucket-size", "256", "--cp", "2")

@@ -54,6 +54,19 @@ def test_context_parallel_parity_cp4_skrull(tmp_path):
     _assert_parity(got)
 
 
+def test_context_parallel_parity_cp2_unified(tmp_path):
+    """unified at CP 2 (degree pinned): samples over the 48-token cap sharded, short ones local, equal to unpacked."""
+    got = _run(tmp_path, 2, "unified", 2, 48, {"degrees": "2"})
+    assert got["sharded"] > 0 and got["local"] > 0 and got["cp"] == 2
+    _assert_parity(got)
+
+
+def test_context_parallel_parity_dp2_cp2_unified_own_choice(tmp_path):
+    """unified on 4 processes choosing the step's CP degree itself (any of 4, 2, 1): still the reference."""
+    got = _run(tmp_path, 4, "unified", 2, 48)
+    _assert_parity(got)
+
+
 def test_context_parallel_parity_dp2_cp2(tmp_path):
     """DP 2 x CP 2: gradients summed over all four ranks (CP ranks share parameters)."""
     got = _run(tmp_path, 4, "skrull", 2, 48)

@@ -69,7 +69,7 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-@pytest.mark.parametrize("planner", ["isf", "fixed_cp", "skrull", "random_padded", "sorted"])
+@pytest.mark.parametrize("planner", ["isf", "fixed_cp", "skrull", "random_padded", "sorted", "unified"])
 def test_parity_packed_single_process(planner):
     """All the step's micro-batches on one rank (dp=1): packed and padded layouts equal the unpacked reference."""
     ref_loss, ref = reference_grads("token_mean")

@@ -366,6 +366,26 @@ def reproduce_hbp(samples: Annotated[int, typer.Option(help="tulu3-longcite samp
     hbp_tables(result)
 
 
+@reproduce_app.command("all")
+def reproduce_all(steps: Annotated[int, typer.Option(help="Global batches per configuration.")] = 8,
+                  samples: RepSamples = 50_000,
+                  hbp_samples: Annotated[int, typer.Option(help="tulu3-longcite samples for HBP's setup.")] = 200_000,
+                  seed: Seed = 0, json_out: Json = False) -> None:
+    """Every seed's setup with the unified planner beside the seed's own: one verdict table, then each seed."""
+    from .reproduce.all import reproduce
+
+    result = reproduce(steps=steps, samples=samples, hbp_samples=hbp_samples, seed=seed)
+    if json_out:
+        print(json.dumps(result))
+        return
+    from .report.tables import chunkflow_tables, hbp_tables, skrull_tables, verdict_table
+
+    verdict_table(result)
+    skrull_tables(result["skrull"])
+    chunkflow_tables(result["chunkflow"])
+    hbp_tables(result["hbp"])
+
+
 def main() -> None:
     """Entry point: run the app; user errors become one line and exit code 2."""
     try:

@@ -218,13 +218,19 @@ class CostModel:
         logits = m.vocab * self.cfg.logits_bytes
         return (per_token + logits) / self.cfg.tp
 
-    def kv_store_bytes(self, prefix_tokens: float) -> float:
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Bytes of K and V one token adds per layer on one rank (what the CP exchange moves)."""
+        return self._kv_bytes_per_token
+
+    def kv_store_bytes(self, prefix_tokens: float | np.ndarray) -> float | np.ndarray:
         """K/V kept for ``prefix_tokens`` earlier tokens of a chunk chain (ChunkFlow's state store), for the
         layers of this pipeline stage: 2·layers·S·h_kv·bytes (PAPERS.md §3.3), divided by tp."""
         return prefix_tokens * self._kv_bytes_per_token * self.layers
 
-    def memory_bytes(self, tokens: float, ckpt_layers: int | None = None, prefix_tokens: float = 0.0) -> float:
-        """Peak bytes of one rank holding ``tokens`` tokens of activations."""
+    def memory_bytes(self, tokens: float | np.ndarray, ckpt_layers: int | None = None,
+                     prefix_tokens: float | np.ndarray = 0.0) -> float | np.ndarray:
+        """Peak bytes of one rank holding ``tokens`` tokens of activations (elementwise over arrays)."""
         act = self.hw.fragmentation * self.act_bytes_per_token(ckpt_layers) * tokens
         return self.static_bytes + act + self.kv_store_bytes(prefix_tokens) + self.hw.reserve_gib * 2**30
 

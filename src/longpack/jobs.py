@@ -116,7 +116,9 @@ def summarize(plan: Plan, cost: CostModel) -> dict[str, Any]:
     """Simulated time, efficiency, metrics and memory of one plan."""
     report = simulate(plan, cost)
     m = plan_metrics(plan)
-    return {"step_time_s": report.mean_step_s, "efficiency": report.efficiency, "dbr": m.dbr, "pr": m.pr,
+    return {"step_time_s": report.mean_step_s, "efficiency": report.efficiency,
+            "gap_to_bound": 1.0 / report.efficiency - 1.0 if report.efficiency > 0 else float("inf"),
+            "dbr": m.dbr, "pr": m.pr,
             "abr": m.abr, "cr": m.cr, "ave_t": m.ave_t, "peak_mem_gib": report.peak_mem_gib,
             "oom_steps": report.oom_steps, "steps": len(report.steps)}
 
@@ -132,17 +134,60 @@ def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]
     cost = build_cost(spec)
     results: dict[str, dict[str, Any]] = {}
     overlong: dict[str, Any] = {}
+    plans: dict[str, Plan] = {}
     for name in names:
         plan, seconds = run_plan(name, lengths, spec, cost, default_max_len)
         results[name] = summarize(plan, cost) | {"plan_seconds": seconds}
+        plans[name] = plan
         overlong = dict(plan.meta["overlong"])
         overlong["scheduled_samples"] = len(plan.lengths)
     base = results[baseline]["step_time_s"]
     for r in results.values():
         r["speedup"] = base / r["step_time_s"] if r["step_time_s"] > 0 else float("nan")
+    exact = _exact_gaps(lengths, spec, cost, results, plans, default_max_len)
     setup = spec.describe() | {"token_cap": cost.token_cap(), "samples": int(len(lengths)),
                                "max_len": spec.max_len if spec.max_len is not None else default_max_len}
-    return {"setup": setup, "baseline": baseline, "samples": overlong, "planners": results}
+    return {"setup": setup, "baseline": baseline, "samples": overlong, "planners": results, "exact": exact}
+
+
+EXACT_STEPS = 4
+
+
+def _exact_gaps(lengths: np.ndarray, spec: RunSpec, cost: CostModel, results: dict[str, dict[str, Any]],
+                plans: dict[str, Plan], default_max_len: int | None) -> dict[str, Any]:
+    """Optimal step times (sim/exact.py) of the first few steps small enough for the MILP, and each planner's
+    ``gap_to_optimum`` on them: Σ its step times / Σ optimal − 1. None where no step qualifies."""
+    from .sim.exact import EXACT_LIMIT, optimal_step
+
+    for r in results.values():
+        r["gap_to_optimum"] = None
+    batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed, steps=spec.steps)
+    max_len = spec.max_len if spec.max_len is not None else default_max_len
+    cap = cost.token_cap()
+    limit = min(cap * cost.cfg.cp, max_len) if max_len is not None else cap * cost.cfg.cp
+    chosen: list[tuple[int, float]] = []
+    why = f"no global batch of <= {EXACT_LIMIT} samples without chunk chains"
+    if cost.cfg.pp > 1:
+        why = "pipeline parallelism (--pp > 1) is outside the exact program's scope"
+    else:
+        for i, ids in enumerate(batches):
+            eff = lengths[ids]
+            if eff.size <= EXACT_LIMIT and eff.max() <= limit:
+                res = optimal_step(eff, cost)
+                if res.status == "optimal":
+                    chosen.append((i, res.time_s))
+            if len(chosen) == EXACT_STEPS:
+                break
+    if not chosen:
+        return {"steps": 0, "note": why}
+    opt = sum(t for _, t in chosen)
+    for name, plan in plans.items():
+        rep = simulate(plan, cost)
+        mine = sum(rep.steps[i].time_s for i, _ in chosen)
+        results[name]["gap_to_optimum"] = mine / opt - 1.0
+    return {"steps": len(chosen), "optimal_step_s": opt / len(chosen),
+            "scope": "one step at the configured CP degree and checkpointing, no chunk chains, at most the fewest "
+                     "micro-batches memory allows + 1 per replica (sim/exact.py)"}
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Planners: turn sequence lengths into a Plan. ``get_planner(name)`` returns one; ``PLANNERS`` lists them."""
 
-from . import baselines, chunkflow, hbp, skrull  # noqa: F401  (registers the built-in planners)
+from . import baselines, chunkflow, hbp, skrull, unified  # noqa: F401  (registers the built-in planners)
 from .base import PLANNERS, Batch, OverlongError, PlanContext, Planner, get_planner, global_batches, make_plan, register
 
 __all__ = ["PLANNERS", "Batch", "OverlongError", "PlanContext", "Planner", "get_planner", "global_batches",

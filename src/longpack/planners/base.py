@@ -73,12 +73,15 @@ class PlanContext:
 @dataclass(frozen=True)
 class Batch:
     """One global batch after the over-long policy: ``samples[i]`` has ``lengths[i]`` tokens to schedule;
-    ``piece_len`` is the longest piece one micro-batch can take (longer samples must be split into a chain)."""
+    ``piece_len`` is the longest piece one micro-batch can take at the configured checkpointing (longer samples
+    must be split into a chain); ``split_len`` is the user's ``--max-len`` under ``--overlong split`` (a limit
+    no piece may exceed whatever the memory), None when not given."""
 
     index: int
     samples: np.ndarray
     lengths: np.ndarray
     piece_len: int
+    split_len: int | None = None
 
     @property
     def whole(self) -> np.ndarray:
@@ -114,7 +117,7 @@ def register(cls: type[Planner]) -> type[Planner]:
 
 
 def get_planner(name: str) -> Planner:
-    from . import baselines, chunkflow, hbp, skrull  # noqa: F401  (registers the built-in planners)
+    from . import baselines, chunkflow, hbp, skrull, unified  # noqa: F401  (registers the built-in planners)
 
     try:
         return PLANNERS[name]()
@@ -212,7 +215,8 @@ def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarra
         keep = ids[eff[ids] > 0]
         if keep.size == 0:
             continue
-        steps.append(planner.plan_batch(Batch(i, keep, eff[keep], piece_len), ctx))
+        split_len = max_len if max_len is not None and overlong == "split" else None
+        steps.append(planner.plan_batch(Batch(i, keep, eff[keep], piece_len, split_len), ctx))
     meta = {"seed": ctx.seed, "dp": ctx.dp, "cp": ctx.cp, "tp": ctx.cost.cfg.tp, "pp": ctx.cost.cfg.pp,
             "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": cap,
             "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options),

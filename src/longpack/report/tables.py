@@ -48,13 +48,21 @@ def compare_table(result: dict[str, Any], console: Console | None = None) -> Non
         console.print(f"over-long ({ov.get('policy')}, limit {ov.get('limit')}): {ov.get('split', 0)} split, "
                       f"{ov.get('truncated', 0)} truncated, {ov.get('dropped', 0)} dropped "
                       f"of {ov.get('scheduled_samples', '?')} scheduled samples")
-    t = Table("planner", "step s", f"speedup vs {result['baseline']}", "efficiency", "DBR", "ABR", "PR", "CR",
-              "Ave-T", "peak GiB", "OOM steps", "plan s")
+    t = Table("planner", "step s", f"speedup vs {result['baseline']}", "efficiency", "gap to bound",
+              "gap to optimum", "DBR", "ABR", "PR", "CR", "Ave-T", "peak GiB", "OOM steps", "plan s")
     for name, r in sorted(result["planners"].items(), key=lambda kv: kv[1]["step_time_s"]):
+        gap_opt = r.get("gap_to_optimum")
         t.add_row(name, f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x", f"{r['efficiency']:.3f}",
+                  f"{r['gap_to_bound']:+.1%}", "-" if gap_opt is None else f"{gap_opt:+.1%}",
                   f"{r['dbr']:.3f}", f"{r['abr']:.3f}", f"{r['pr']:.3f}", f"{r['cr']:.3f}", _k(r["ave_t"]),
                   f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"]), f"{r['plan_seconds']:.3f}")
     console.print(t)
+    ex = result.get("exact") or {}
+    if ex.get("steps"):
+        console.print(f"gap to optimum: over {ex['steps']} step(s) solved exactly (MILP, mean optimal step "
+                      f"{ex['optimal_step_s']:.4f} s); scope: {ex['scope']}")
+    elif ex:
+        console.print(f"gap to optimum: not computed ({ex['note']})")
 
 
 def _x(v: Any) -> str:
@@ -64,13 +72,13 @@ def _x(v: Any) -> str:
 def skrull_tables(result: dict[str, Any], console: Console | None = None) -> None:
     console = console or _console()
     t = Table("model", "dataset", "layout", "vs fixed_cp (DeepSpeed)", "paper", "vs sorted", "paper",
-              "vs fixed_cp packed", title="Skrull speedups (Fig. 3)")
+              "vs fixed_cp packed", "unified vs skrull", title="Skrull speedups (Fig. 3)")
     for c in result["cells"]:
         t.add_row(c["model"], c["dataset"], f"DP{c['dp']}xCP{c['cp']} BS{c['batch_size']}",
                   _x(c["speedup_vs_fixed_cp"]), _x(c["paper_vs_fixed_cp"]), _x(c["speedup_vs_sorted"]),
-                  _x(c["paper_vs_sorted"]), _x(c["speedup_vs_fixed_cp_packed"]))
+                  _x(c["paper_vs_sorted"]), _x(c["speedup_vs_fixed_cp_packed"]), _x(c["unified_vs_skrull"]))
     t.add_row("average", "", "", _x(result["average_vs_fixed_cp"]), _x(result["paper_average_vs_fixed_cp"]),
-              _x(result["average_vs_sorted"]), _x(result["paper_average_vs_sorted"]), "")
+              _x(result["average_vs_sorted"]), _x(result["paper_average_vs_sorted"]), "", "")
     console.print(t)
     t3 = Table("strategy", "ours", "paper", title="Table 3 (0.5B, ChatQA2, DP1xCP8, BS64)")
     for k, v in result["table3"]["ours"].items():
@@ -96,11 +104,12 @@ def chunkflow_tables(result: dict[str, Any], console: Console | None = None) -> 
               f"{100 * toy['paper']['k1']:.1f}%")
     console.print(t, toy["note"])
     s = Table("context", "one_seq s/step", "chunkflow s/step", "speedup", "paper", "bubble one_seq/chunkflow",
-              title="Qwen2.5-7B on lmsys-chat-1m vs one_seq (§3.8)")
+              "unified s/step", "unified vs chunkflow", title="Qwen2.5-7B on lmsys-chat-1m vs one_seq (§3.8)")
     for label, r in result["speedups"].items():
         s.add_row(label, f"{r['one_seq']['step_time_s']:.3f}", f"{r['chunkflow']['step_time_s']:.3f}",
                   _x(r["speedup_vs_one_seq"]), _x(r["paper"]),
-                  f"{r['one_seq']['bubble_ratio']:.3f} / {r['chunkflow']['bubble_ratio']:.3f}")
+                  f"{r['one_seq']['bubble_ratio']:.3f} / {r['chunkflow']['bubble_ratio']:.3f}",
+                  f"{r['unified']['step_time_s']:.3f}", _x(r["unified_vs_chunkflow"]))
     console.print(s)
     w = Table("(ChunkSize, K)", "ours ms", "paper ms", title="256K sensitivity, ChunkSize x K = 32K (§3.5)")
     for key, ms in result["sweep"]["ours_ms"].items():
@@ -124,6 +133,11 @@ def hbp_tables(result: dict[str, Any], console: Console | None = None) -> None:
         t.add_row(name, ", ".join(r["groups"] or []), f"{r['abr']:.4f}", f"{r['cr']:.3f}", f"{r['dbr']:.4f}",
                   f"{r['pr']:.3f}", _k(r["ave_t"]), _x(r["speedup"]), paper)
     console.print(t)
+    u = result.get("unified")
+    if u:
+        console.print(f"unified, same samples in {u['steps']} steps: speedup {u['speedup']:.2f}x vs ISF, "
+                      f"{u['vs_hbp']:.2f}x vs hierarchical+balance (ABR {u['abr']:.4f}, efficiency "
+                      f"{u['efficiency']:.3f})")
     sel = result["selection"]
     console.print(f"auto-selected groups (cost model): {', '.join(sel['auto']['groups'])}")
     console.print(f"selected from the paper's Table 19 profiles: {', '.join(sel['from_table19']['groups'])}; "
@@ -134,3 +148,16 @@ def hbp_tables(result: dict[str, Any], console: Console | None = None) -> None:
         for name, r in result["table13"]["ours"].items():
             t13.add_row(name, f"{r['dbr']:.3f}", f"{r['abr']:.3f}", _x(r["speedup_vs_none"]), _x(p13.get(name, 1.0)))
         console.print(t13)
+
+
+def verdict_table(result: dict[str, Any], console: Console | None = None) -> None:
+    console = console or _console()
+    t = Table("seed", "setup", "seed planner s", "unified s", "unified vs seed", "unified efficiency",
+              title="unified on every seed's own setup (simulated)")
+    for r in result["verdict"]:
+        eff = r.get("unified_efficiency")
+        t.add_row(r["seed"], r["setup"], f"{r['seed_s']:.3f}", f"{r['unified_s']:.3f}", _x(r["unified_vs_seed"]),
+                  "-" if eff is None else f"{eff:.3f}")
+    console.print(t)
+    console.print(f"never slower than the seed: {result['unified_never_slower']}; faster somewhere: "
+                  f"{result['unified_faster_somewhere']}")

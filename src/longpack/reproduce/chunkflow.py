@@ -10,6 +10,7 @@
     checkpointed (FlashAttention already recomputes the attention scores), "full" = every layer checkpointed.
 (c) The (ChunkSize, K) sweep at 256K with ChunkSize x K = 32K.
 (d) Peak memory vs context length at ChunkSize 8K: one sequence as long as the context plus short ones.
+``unified`` (planners/unified.py) runs beside ChunkFlow in (b), on its layout and samples.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ def speedups(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
         base = _run("one_seq", lengths, _cost(s["dp"], s["pp"], s["base_ckpt"]), s["context"], steps, seed)
         ours = _run("chunkflow", lengths, _cost(s["dp"], s["pp"], 0), s["context"], steps, seed,
                     chunk_size=s["chunk"], k=s["k"])
+        unified = _run("unified", lengths, _cost(s["dp"], s["pp"], 0), s["context"], steps, seed)
         out[label] = {"speedup_vs_one_seq": base["step_time_s"] / ours["step_time_s"],
-                      "paper": PAPER["speedup"][label], "one_seq": base, "chunkflow": ours}
+                      "paper": PAPER["speedup"][label], "one_seq": base, "chunkflow": ours, "unified": unified,
+                      "unified_vs_chunkflow": ours["step_time_s"] / unified["step_time_s"]}
     return out
 
 

@@ -6,7 +6,8 @@ BucketSize 26K (0.5B) and 13K (7B); 7B on ChatQA2 at DP2 x CP16, BatchSize 40. B
 * ``fixed_cp`` as DeepSpeed ran it for the paper: every sequence sharded over the CP group, one sequence per
   micro-batch (DeepSpeed's default micro-batch with gradient accumulation; it has no packing);
 * ``sorted`` (LongAlign): length-sorted padded micro-batches inside each global batch;
-* ``fixed_cp`` packed to the cap is reported too, as an extra column the paper does not have.
+* ``fixed_cp`` packed to the cap is reported too, as an extra column the paper does not have;
+* ``unified`` (planners/unified.py) on the same batches, beside Skrull (``unified_vs_skrull``).
 
 Memory is calibrated so that the cap is the published BucketSize (see ``calibrated_cost``).
 """
@@ -45,7 +46,8 @@ def _cell(model: str, dataset: str, lengths: np.ndarray, steps: int, seed: int) 
     res = {"skrull": run_planner("skrull", lengths, cost, **run),
            "fixed_cp": run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run),
            "sorted": run_planner("sorted", lengths, cost, **run),
-           "fixed_cp_packed": run_planner("fixed_cp", lengths, cost, **run)}
+           "fixed_cp_packed": run_planner("fixed_cp", lengths, cost, **run),
+           "unified": run_planner("unified", lengths, cost, **run)}
     t = {k: v["step_time_s"] for k, v in res.items()}
     paper = PAPER[(model, dataset)]
     return {"model": model, "dataset": dataset, "dp": dp, "cp": cp, "batch_size": bs, "bucket": BUCKET[model],
@@ -53,7 +55,8 @@ def _cell(model: str, dataset: str, lengths: np.ndarray, steps: int, seed: int) 
             "speedup_vs_sorted": t["sorted"] / t["skrull"], "paper_vs_sorted": paper[1],
             "speedup_vs_fixed_cp_packed": t["fixed_cp_packed"] / t["skrull"], "step_time_s": t,
             "oom_steps": {k: v["oom_steps"] for k, v in res.items()},
-            "skrull_efficiency": res["skrull"]["efficiency"]}
+            "skrull_efficiency": res["skrull"]["efficiency"],
+            "unified_vs_skrull": t["skrull"] / t["unified"], "unified_efficiency": res["unified"]["efficiency"]}
 
 
 def _speedup_or_oom(name: str, lengths: np.ndarray, cost, base: float, **run: Any) -> float | str:

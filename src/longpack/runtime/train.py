@@ -57,6 +57,9 @@ def build_plan(args: TrainArgs, world: int) -> Plan:
     if spec.cp < 1 or world % spec.cp:
         raise ValueError(f"--cp {spec.cp} must divide the number of processes ({world})")
     spec = replace(spec, dp=world // spec.cp)
+    if args.planner == "unified" and "shard_chains" not in spec.options:
+        # the runtime runs chunk chains at cp = 1 only: unified keeps chains off CP groups
+        spec = replace(spec, options=dict(spec.options) | {"shard_chains": 0})
     lengths, default_max_len = jobs.load_workload(spec)
     cost = jobs.build_cost(spec)
     plan, _ = jobs.run_plan(args.planner, lengths, spec, cost, default_max_len)

@@ -2,28 +2,51 @@
 
 For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md §5; used for efficiency):
 
-    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i) ) + T_fixed + T_allreduce
+    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i) ) + T_fixed + T_gemm + T_allreduce
 
-* ``W(s)``, the fewest GPU-seconds sample s can cost: held whole on one rank when memory allows (with the fewest
-  checkpointed layers that make it fit), else sharded over the CP group (memory-forced sharding: cp ranks each
-  do 1/cp); GEMMs at full efficiency, attention at the efficiency of its own length, no padding, no
-  communication (it may all be hidden).
-* ``U(s)``, the shortest time sample s can take (the largest indivisible unit): whole on one rank, or its 1/cp
-  share when sharded; the better of the allowed options.
-* ``T_fixed``: the busiest replica runs at least one micro-batch.
+* ``W(s)``, the fewest GPU-seconds sample s can cost, the cheapest of: whole on one rank when memory allows (with
+  the fewest checkpointed layers that make it fit); sharded over the CP group, whole or as a chain (cp ranks
+  each do 1/cp, attention in blocks of at most s/(2cp) queries); a chain on one rank, which must recompute what
+  its memory cannot hold (the forward of (s − cap(k))⁺ tokens, or k checkpointed layers). GEMMs at full
+  efficiency, attention at the efficiency of its own length, no padding, no communication (it may be hidden).
+* ``U(s)``, the shortest time sample s can take (the largest indivisible unit): whole on one rank; its 1/cp
+  share plus its own K/V exchange when sharded whole (Eq. 2: a rank waits max(comm, local) + its share, and the
+  exchange of a micro-batch is at least that of any one of its sharded samples); or as a chain, whose pieces
+  run in at least two micro-batches (one more per-micro-batch cost h) and exchange at least comm_lower(s)
+  (:func:`comm_minorant`); the best allowed option.
+* ``T_fixed + T_gemm`` = h: the per-micro-batch costs every rank holding tokens pays at least once: the launch
+  cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). Since no micro-batch holds
+  more than cap(L) tokens on a rank (full checkpointing), the ranks together pay h at least Σ s / cap(L) times:
+  the spread term is also at least (Σ W + h·Σ s / cap(L)) / (dp·cp).
+* A step may use any CP degree (HBP and the unified planner change it per step): the bound is the least over the
+  degrees the caller allows (the simulator passes every divisor of the world size).
 
-Why it is a bound: the simulator charges every rank at least the work of its pieces at these (ideal) rates, the
-slowest replica at least the average, and every sample is run by one rank or one CP group, which takes at least
-U(s). Cost: O(samples).
+Why it is a bound: the simulator charges every rank at least the work of its pieces at these (ideal) rates plus,
+per micro-batch it holds tokens in, ``h = T_fixed + T_gemm``. If ``a`` ranks hold work, the busiest of them takes
+at least ``ΣW/a + h >= ΣW/(dp·cp) + h``; the rank that runs sample s takes at least ``U(s) + h``; every step ends
+with the gradient all-reduce. Cost: O(samples + layers).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from ..cost import CostModel, attention_pairs
 
-__all__ = ["sample_work", "step_lower_bound"]
+__all__ = ["sample_work", "step_lower_bound", "min_ckpt", "per_micro_batch_s", "comm_minorant", "comm_lower"]
+
+
+def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
+    """Fewest checkpointed layers that let each length sit whole on one rank; -1 where none does (vectorised
+    :meth:`CostModel.min_ckpt_for`)."""
+    caps = np.array([cost.token_cap(k) for k in range(cost.layers + 1)], dtype=np.float64)
+    caps = np.maximum.accumulate(caps)  # more checkpointing never lowers the cap
+    k = np.searchsorted(caps, np.asarray(lengths, dtype=np.float64), side="left")
+    return np.where(k <= cost.layers, k, -1)
 
 
 def sample_work(lengths: np.ndarray, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
@@ -31,26 +54,97 @@ def sample_work(lengths: np.ndarray, cost: CostModel) -> tuple[np.ndarray, np.nd
     s = np.asarray(lengths, dtype=np.float64)
     cp = cost.cfg.cp
     pairs = np.asarray(attention_pairs(0, s, cost.cfg.causal_factor), dtype=np.float64)
-    # Sharded over cp: every rank does 1/cp of the tokens and pairs in blocks of s/(2cp) queries.
+    lin = np.asarray(cost.linear_s(s, 0, ideal=True))
+    # Sharded (whole or as a chain of pieces): every rank does 1/cp of the tokens and pairs in blocks of at most
+    # s/(2cp) queries, and waits for the K/V exchanges of its pieces (at least comm_lower(s), see comm_minorant).
     q_shard = s / (2 * cp) if cp > 1 else s
-    # (per-document call costs are left out: padded rows share one call, so they are not a per-sample lower bound)
-    shard_unit = (np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0)))
-    work = cp * shard_unit
-    unit = shard_unit.copy()
-    for i, n in enumerate(s.tolist()):
-        k = cost.min_ckpt_for(n)
-        if k is None:
-            continue
-        local = float(cost.linear_s(n, k, ideal=True)) + float(cost.attn_s(pairs[i], n, k))
-        work[i] = min(work[i], local)
-        unit[i] = min(unit[i], local)
+    shard = np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0))
+    work = cp * shard
+    # A chain runs its pieces in separate micro-batches (the Plan allows one piece of a sample per micro-batch):
+    # at least one more per-micro-batch cost h than a whole sample; sharded whole it pays its own full exchange.
+    h = per_micro_batch_s(cost)
+    whole_shard = min_ckpt(s / cp, cost) >= 0
+    unit = shard + comm_lower(s, cost) + h
+    if cp > 1 and whole_shard.any():
+        exchange = np.array([cost.cp_comm_s(n, 0) for n in s[whole_shard].tolist()])
+        unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + exchange)
+    # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
+    # checkpointed: at least min over k of fwd·((s − cap(k))⁺ + (k/L)·min(s, cap(k))).
+    fwd = lin / (3.0 * np.maximum(s, 1.0))  # linear forward seconds per token
+    ks = np.arange(cost.layers + 1)
+    caps = np.array([cost.token_cap(int(k)) for k in ks], dtype=np.float64)
+    again = np.maximum(s[:, None] - caps[None, :], 0.0) + ks[None, :] / cost.layers * np.minimum(s[:, None], caps)
+    chain = lin + fwd * again.min(axis=1) + np.asarray(cost.attn_s(pairs, s, 0))
+    work = np.minimum(work, chain)
+    unit = np.minimum(unit, chain + h)
+    # Whole on one rank, with the fewest checkpointed layers that fit.
+    k = min_ckpt(s, cost)
+    for kk in np.unique(k[k >= 0]).tolist():
+        at = k == kk
+        local = np.asarray(cost.linear_s(s[at], kk, ideal=True)) + np.asarray(cost.attn_s(pairs[at], s[at], kk))
+        work[at] = np.minimum(work[at], local)
+        unit[at] = np.minimum(unit[at], local)
     return work, unit
 
 
-def step_lower_bound(lengths: np.ndarray, cost: CostModel) -> float:
-    """Lower bound on the time of one step holding samples of ``lengths`` (see module docstring)."""
+def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
+    """Lines (a, b), a >= 0, with ``a + b·x <= cp_comm_s(x)`` for every x > 0; then for any split of a sample
+    into pieces x_i, ``Σ_i cp_comm_s(x_i) >= Σ_i (a + b·x_i) >= a + b·Σ_i x_i`` (one piece at least).
+
+    The lines are the edges of the lower convex hull of the exchange's breakpoints (it is piecewise linear in x,
+    flat at its latency floor c0 near zero, with the hardware tables' sizes as breakpoints), plus (c0, 0) and the
+    line through the origin with the least slope; edges with a < 0 are left out (n pieces would pay n·a). The
+    exchange itself is not subadditive on every table, so the whole-sample exchange is no bound for a chain."""
+    if cost.cfg.cp <= 1:
+        return [(0.0, 0.0)]
+    c0 = cost.cp_comm_s(1e-9, 0)
+    sizes = sorted({float(mb) for kind in ("all_gather", "reduce_scatter") for mb, _ in cost.hw.collectives[kind]})
+    xs = [mb * 2**20 / cost.kv_bytes_per_token for mb in sizes] + [1e18]
+    pts = [(0.0, c0)] + [(x, cost.cp_comm_s(x, 0)) for x in xs]
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (y2 - y1) * (p[0] - x1) >= (p[1] - y1) * (x2 - x1):  # hull[-1] is not below the chord
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    shrink = 1 - 1e-9  # rounding margin: stay strictly under the exchange
+    lines = [(c0 * shrink, 0.0), (0.0, min(y / x for x, y in pts[1:]) * shrink)]
+    for (x1, y1), (x2, y2) in zip(hull, hull[1:], strict=False):
+        slope = (y2 - y1) / (x2 - x1)
+        icpt = y1 - slope * x1
+        if icpt >= 0:
+            lines.append((icpt * shrink, slope * shrink))
+    return lines
+
+
+def comm_lower(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
+    """Least K/V exchange seconds a sample of each length costs when sharded, chained or not (comm_minorant)."""
+    s = np.asarray(lengths, dtype=np.float64)
+    return np.max([a + b * s for a, b in comm_minorant(cost)], axis=0)
+
+
+def per_micro_batch_s(cost: CostModel) -> float:
+    """What a rank holding tokens pays per micro-batch beyond its work: launch cost + small-GEMM loss."""
+    return cost.fixed_s + float(cost.linear_s(1.0, 0)) - float(cost.linear_s(1.0, 0, ideal=True))
+
+
+def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int] | None = None) -> float:
+    """Lower bound on the time of one step holding samples of ``lengths`` (see module docstring): the least over
+    the CP ``degrees`` a step may use (default: the cost model's), each with world/degree replicas."""
     if len(lengths) == 0:
         return 0.0
-    work, unit = sample_work(lengths, cost)
-    gpus = cost.cfg.dp * cost.cfg.cp
-    return max(float(work.sum()) / gpus, float(unit.max())) + cost.fixed_s + cost.grad_allreduce_s()
+    world = cost.cfg.dp * cost.cfg.cp
+    out = math.inf
+    tokens = float(np.sum(lengths))
+    for d in degrees or (cost.cfg.cp,):
+        c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
+        work, unit = sample_work(lengths, c)
+        h = per_micro_batch_s(c)
+        # Every micro-batch holds at most cap(L) tokens per rank, so the ranks run >= Σ s / cap(L) of them.
+        spread = max(float(work.sum()) / world + h, (float(work.sum()) + h * tokens / max(1, c.token_cap(c.layers)))
+                     / world)
+        out = min(out, max(spread, float(unit.max()) + h) + c.grad_allreduce_s())
+    return out

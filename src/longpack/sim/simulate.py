@@ -25,7 +25,6 @@ Cost: O(pieces + ranks) per micro-batch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,49 +90,53 @@ class SimReport:
 def micro_batch_times(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndarray, ...]:
     """Per-rank (time, local compute, dist compute, comm, tokens, prefix tokens) of one micro-batch."""
     causal, ckpt = cost.cfg.causal_factor, mb.ckpt_layers
-    tok_local = np.zeros(cp)
-    attn_local = np.zeros(cp)
-    docs_local = np.zeros(cp)
-    docs_dist = 0.0
-    prefix = np.zeros(cp)
-    tok_dist = attn_dist = shard_tokens = 0.0
-    for p in mb.pieces:
-        n = mb.pad_to or (p.stop - p.start)
-        end = p.start + n  # a padded row of a chain piece still attends to the chain's earlier tokens
-        pairs = causal * (end * end - p.start * p.start)
-        if p.cp_rank is None and cp > 1:
-            tok_dist += math.ceil(n / cp)
-            attn_dist += float(cost.attn_s(pairs / cp, n / (2 * cp), ckpt))
-            docs_dist += 2  # two zigzag blocks per rank
-            shard_tokens += n
-            prefix += p.start / cp
-        else:
-            j = p.cp_rank or 0
-            tok_local[j] += n
-            attn_local[j] += cost.attn_s(pairs, n, ckpt)
-            docs_local[j] += 1
-            prefix[j] += p.start
+    if not mb.pieces:
+        z = np.zeros(cp)
+        return z, z.copy(), z.copy(), z.copy(), z.copy(), z.copy()
+    _, starts, stops, ranks = zip(*mb.pieces, strict=True)
+    start = np.asarray(starts, dtype=np.float64)
+    n = np.full(start.size, float(mb.pad_to)) if mb.pad_to else np.asarray(stops, dtype=np.float64) - start
+    end = start + n  # a padded row of a chain piece still attends to the chain's earlier tokens
+    pairs = causal * (end * end - start * start)
+    dist = np.array([r is None for r in ranks]) if cp > 1 else np.zeros(start.size, dtype=bool)
+    j = np.array([0 if r is None else r for r in ranks], dtype=np.int64)[~dist]
+    nd = n[dist]
+    tok_dist = float(np.ceil(nd / cp).sum())
+    attn_dist = float(np.sum(cost.attn_s(pairs[dist] / cp, nd / (2 * cp), ckpt))) if nd.size else 0.0
+    docs_dist = 2.0 * nd.size  # two zigzag blocks per rank
+    shard_tokens = float(nd.sum())
+    nl = n[~dist]
+    tok_local = np.bincount(j, weights=nl, minlength=cp).astype(np.float64)
+    attn_local = np.bincount(j, weights=np.asarray(cost.attn_s(pairs[~dist], nl, ckpt), dtype=np.float64)
+                             if nl.size else None, minlength=cp).astype(np.float64)
+    docs_local = np.bincount(j, minlength=cp).astype(np.float64)
+    prefix = np.bincount(j, weights=start[~dist], minlength=cp) + float(start[dist].sum()) / cp
     if mb.pad_to:  # padded rows all have one length: one batched attention call per rank
         docs_local, docs_dist = np.minimum(docs_local, 1), min(docs_dist, 2)
     tokens = tok_local + tok_dist
     lin = np.asarray(cost.linear_s(tokens, ckpt), dtype=np.float64)
+    ideal = np.asarray(cost.linear_s(tokens, ckpt, ideal=True), dtype=np.float64)
     if mb.recompute:
         # ChunkFlow: a chunk whose activations were dropped runs its forward twice.
         k = ckpt / cost.layers
-        lin = lin * (1.0 + 1.0 / (3.0 + k))
+        lin, ideal = lin * (1.0 + 1.0 / (3.0 + k)), ideal * (1.0 + 1.0 / (3.0 + k))
         scale = 1.0 + 1.0 / (1.0 + cost.cfg.attn_bwd_factor + k)
         attn_local, attn_dist = attn_local * scale, attn_dist * scale
     share = np.divide(tok_local, tokens, out=np.zeros(cp), where=tokens > 0)
-    local = lin * share + attn_local + np.asarray(cost.docs_s(docs_local))
-    dist = lin * (1 - share) + attn_dist + float(cost.docs_s(docs_dist))
+    # Linear work splits by tokens; the small-GEMM loss (lin - ideal) is a per-micro-batch overhead that
+    # nothing overlaps, like the launch cost. Every term is linear in the placement (sim/exact.py relies on it).
+    local = ideal * share + attn_local + np.asarray(cost.docs_s(docs_local))
+    dist_s = ideal * (1 - share) + (lin - ideal) + attn_dist + float(cost.docs_s(docs_dist))
     comm = cost.cp_comm_s(shard_tokens, ckpt)
-    fixed = cost.fixed_s if mb.pieces else 0.0
-    time = np.maximum(comm, local) + dist + fixed
-    return time, local + fixed, dist, np.full(cp, comm), tokens, prefix
+    fixed = cost.fixed_s
+    time = np.maximum(comm, local) + dist_s + fixed
+    return time, local + fixed, dist_s, np.full(cp, comm), tokens, prefix
 
 
-def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepReport:
+def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound: bool = True) -> StepReport:
+    """One step's report; ``bound=False`` skips the lower bound (planners evaluating candidates)."""
     cp, reps = step.cp, step.replicas
+    run_cost = cost
     cost = cost if cost.cfg.cp == cp else _with_cp(cost, cp, len(reps))
     n_ranks = len(reps) * cp
     busy = np.zeros(n_ranks)
@@ -155,7 +158,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepRe
             overlap[sl] += np.minimum(c, local)
             chains = [p for p in mb.pieces if plan.is_chunk(p)]
             resident = tokens + sum((held.get(p.sample, 0.0) for p in chains), np.zeros(cp))
-            mem = [cost.memory_bytes(t, mb.ckpt_layers, p) for t, p in zip(resident, prefix, strict=True)]
+            mem = cost.memory_bytes(resident, mb.ckpt_layers, prefix) if mb.pieces else cost.memory_bytes(0.0)
             peak[sl] = np.maximum(peak[sl], mem)
             for p in chains:
                 if p.stop == plan.effective_length(p.sample):
@@ -172,9 +175,13 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel) -> StepRe
     has_work = any(mb.pieces for rep in reps for mb in rep.micro_batches)
     allreduce = cost.grad_allreduce_s() if has_work else 0.0
     slowest = max(replica_s, default=0.0)
-    lengths = [plan.effective_length(p.sample) for rep in reps for mb in rep.micro_batches for p in mb.pieces
-               if p.start == 0]
-    lb = step_lower_bound(np.asarray(lengths, dtype=np.float64), cost) if has_work else 0.0
+    lb = 0.0
+    if has_work and bound:
+        lengths = [plan.effective_length(p.sample) for rep in reps for mb in rep.micro_batches for p in mb.pieces
+                   if p.start == 0]
+        world = len(reps) * cp
+        lb = step_lower_bound(np.asarray(lengths, dtype=np.float64), run_cost,
+                              degrees=[d for d in range(1, world + 1) if world % d == 0])
     oom = tuple(int(i) for i in np.flatnonzero(peak > cost.hw.memory_bytes))
     return StepReport(step=index, cp=cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
                       bubble_ratio=max(bubbles, default=0.0),

@@ -1,0 +1,322 @@
+"""Unified scheduler: one cost-driven search over how a global batch runs, instead of one paper's fixed recipe.
+
+Per global batch the planner enumerates a few discrete knobs, turns each combination into a Step with one greedy
+placement, scores it with the simulator on the same cost model, and keeps the fastest that fits memory (ties:
+the earlier candidate, so the result is deterministic).
+
+Knobs (each is one paper's lever, made a choice instead of a fixed setting):
+
+* **CP degree** d of the step, over the divisors of ``--cp`` (HBP's per-group SP degree), and wider groups
+  (2·cp, 4·cp, ... dividing the world) while the longest sample's share would still exceed the mean rank load:
+  world/d replicas.
+* **Checkpointing** k: the configured layers, and the fewest that let the longest sample sit sharded, or whole
+  on one rank, without a chain (HBP's checkpointing where it pays).
+* **Budget split** K in {1, 2, 4} (and 8 with pp > 1): a micro-batch holds at most B = cap(k) // K tokens per rank.
+  Samples longer than B·d become ChunkFlow chains of chunks of B·d tokens whose first N − K chunks are recomputed,
+  so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline bubbles when pp > 1.
+* **Sharding threshold** α in {∞, 2, 1, 1/2}: a sample that fits one rank (s ≤ B) is still sharded over the
+  CP group when its whole-rank time exceeds α·τ, where τ is the mean rank load if every sample ran whole
+  (compute-driven sharding, which Skrull's DACP never does: it shards only for memory). Samples with
+  B < s ≤ B·d are always sharded (memory-forced, as in DACP).
+
+Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s² are balanced):
+
+1. chains to replicas, heaviest first to the least-loaded (LPT), then sharded samples to replicas the same way;
+2. whole samples to ranks, heaviest first to the least-loaded rank (its replica's shared load plus its own);
+3. per replica, the fewest micro-batches m that hold every rank's tokens within B: sharded samples dealt over the
+   m micro-batches (heaviest first, to the lightest micro-batch with room), then each rank's own samples to the
+   micro-batch that is lightest after adding in Eq. 2 terms (own work up to the micro-batch's K/V exchange time
+   is free); if one does not fit anywhere, m + 1. Chains follow, each contiguous and in order.
+
+Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
+micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
+α = ∞) — plain cost-balanced packing with memory-forced sharding — is always evaluated, so the result is never
+slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
+
+Cost: C candidates × (O(n log n + n·m) placement + O(pieces) simulation), C ≤ |divisors(cp)| · 3 · 4 · 4, fewer
+after removing candidates that give the same placement; the median per 256-sample batch is in
+docs/BENCHMARKS.md (bench/planning.py). Options: ``degrees`` (comma-separated CP degrees to consider, default
+all divisors of --cp), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none), ``shard_chains``
+(0: chains only at CP degree 1 — what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..cost import CostModel
+from ..plan import MicroBatch, Piece, Plan, Step
+from ..sim.bounds import min_ckpt
+from ..sim.simulate import _with_cp, simulate_step
+from .base import Batch, PlanContext, Planner, assemble_step, register
+from .packers import lpt
+
+__all__ = ["Unified", "Candidate"]
+
+ALPHAS = (math.inf, 2.0, 1.0, 0.5)
+
+
+class Candidate(NamedTuple):
+    degree: int
+    ckpt: int
+    split: int
+    alpha: float
+
+
+@register
+class Unified(Planner):
+    """One cost-driven search over CP degree, checkpointing, micro-batch budget and sharding (module docstring)."""
+
+    name = "unified"
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
+        best: tuple[tuple[bool, float, int], Step] | None = None
+        lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}
+        seen: set[tuple] = set()
+        for c in self.candidates(batch, ctx):
+            cost = _with_cp(ctx.cost, c.degree, ctx.world // c.degree) if c.degree != ctx.cp else ctx.cost
+            step = self._build(batch, ctx, cost, c, seen)
+            if step is None:  # infeasible, or the same placement as an earlier candidate
+                continue
+            plan = Plan(planner=self.name, world=ctx.world, lengths=lengths, steps=(step,))
+            rep = simulate_step(0, step, plan, cost, bound=False)
+            key = (rep.oom, rep.time_s, len(seen))
+            if best is None or key < best[0]:
+                best = (key, step)
+        if best is None:
+            raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
+        return best[1]
+
+    # --- the search space -------------------------------------------------------------------------------------
+    def candidates(self, batch: Batch, ctx: PlanContext) -> list[Candidate]:
+        cp, cost = ctx.cp, ctx.cost
+        world = ctx.world
+        degrees = _numbers(ctx, "degrees", int, "8,4,2,1") or self._degrees(batch, ctx)
+        for d in degrees:
+            if d < 1 or world % d:
+                raise ValueError(f"--opt degrees: {d} must divide the world size {world} (--dp x --cp)")
+        splits = _numbers(ctx, "splits", int, "1,2,4") or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
+        alphas = _numbers(ctx, "alphas", float, "inf,1,0.5") or list(ALPHAS)
+        longest = float(batch.lengths.max())
+        k0 = ctx.ckpt_layers
+        ckpts = [k0]
+        for need in (longest / cp, longest):  # sharded without a chain; whole on one rank
+            k = int(min_ckpt(np.array([need]), cost)[0])
+            if k > k0 and k not in ckpts:
+                ckpts.append(k)
+        out = []
+        for d in degrees:
+            for k in ckpts:
+                # With one pipeline stage a smaller budget only adds micro-batches, unless chains need room for K.
+                chains = longest > cost.token_cap(k) * d
+                for split in (splits if cost.cfg.pp > 1 or chains else splits[:1]):
+                    out += [Candidate(d, k, split, a) for a in (alphas if d > 1 else alphas[:1])]
+        return out
+
+    @staticmethod
+    def _degrees(batch: Batch, ctx: PlanContext) -> list[int]:
+        """Divisors of --cp, plus larger CP groups (2·cp, 4·cp, ... dividing the world) while the longest sample's
+        share at the previous degree still exceeds the mean rank load: only then can a wider group help."""
+        cp, world, cost = ctx.cp, ctx.world, ctx.cost
+        out = [d for d in range(cp, 0, -1) if cp % d == 0]
+        s = batch.lengths.astype(np.float64)
+        t_loc, _ = _times(s, cost, 1, ctx.ckpt_layers)
+        tau = float(t_loc.sum()) / world
+        d = cp
+        while 2 * d <= world and world % (2 * d) == 0:
+            _, t_sh = _times(np.array([s.max()]), cost, d, ctx.ckpt_layers)
+            if float(t_sh[0]) + ctx.cost.cp_comm_s(float(s.max())) <= tau / 4:
+                break
+            d *= 2
+            out.insert(0, d)
+        return out
+
+    # --- one candidate ----------------------------------------------------------------------------------------
+    def _build(self, batch: Batch, ctx: PlanContext, cost: CostModel, c: Candidate, seen: set[tuple]) -> Step | None:
+        d, k = c.degree, c.ckpt
+        cap = cost.token_cap(k)
+        budget = cap // c.split
+        if budget < 1:
+            return None
+        whole_len = budget * d if batch.split_len is None else min(budget * d, batch.split_len)
+        lengths, samples = batch.lengths, batch.samples
+        s = lengths.astype(np.float64)
+        is_chain = lengths > whole_len
+        if d > 1 and is_chain.any() and not _flag(ctx.option("shard_chains", True)):
+            return None
+        t_loc, t_sh = _times(s, cost, d, k)
+        fits_rank = (lengths <= budget) & ~is_chain
+        tau = float(t_loc[fits_rank].sum() + t_sh[~fits_rank].sum() * d) / ctx.world
+        sharded = ~fits_rank & ~is_chain
+        if d > 1 and math.isfinite(c.alpha):
+            sharded |= fits_rank & (t_loc > c.alpha * tau)
+        local = fits_rank & ~sharded
+        if d == 1:
+            local, sharded = local | sharded, np.zeros_like(sharded)
+        placement_key = (d, k, budget, tuple(np.flatnonzero(sharded).tolist()), whole_len)
+        if placement_key in seen:
+            return None
+        seen.add(placement_key)
+        n_rep = ctx.world // d
+        rep_load = np.zeros(n_rep)
+        rank_load = np.zeros((n_rep, d))
+        chains: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
+        chain_pos = np.flatnonzero(is_chain)
+        if chain_pos.size:
+            chunk = whole_len
+            est = [self._chain_s(int(lengths[i]), chunk, d, c.split, cost, k) for i in chain_pos.tolist()]
+            for g, members in enumerate(lpt(est, n_rep)):
+                for m in members:
+                    i = int(chain_pos[m])
+                    chains[g].extend(_chain(int(samples[i]), int(lengths[i]), chunk, d, c.split, k))
+                    rep_load[g] += est[m]
+        # A replica's ranks each take max(comm, own work) + shared work (Eq. 2): local work up to the K/V
+        # exchange time is free, so both greedy passes below price a placement by that, not by a plain sum.
+        shared: list[list[int]] = [[] for _ in range(n_rep)]
+        sh_tokens = np.zeros(n_rep)
+        comm = np.zeros(n_rep)
+        for i in _heaviest_first(t_sh, np.flatnonzero(sharded)):
+            g = min(range(n_rep), key=lambda r: (rep_load[r] + t_sh[i] + cost.cp_comm_s(sh_tokens[r] + s[i], k)
+                                                 - comm[r], r))
+            shared[g].append(i)
+            sh_tokens[g] += s[i]
+            rep_load[g] += float(t_sh[i]) + cost.cp_comm_s(sh_tokens[g], k) - comm[g]
+            comm[g] = cost.cp_comm_s(sh_tokens[g], k)
+        rep_load -= comm  # rep_load is now the shared compute (dist) alone
+        own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
+        # (Eq. 2 time, own load, rank): among ranks whose own work still hides under the exchange, the emptiest.
+        heap = [(float(comm[g] + rep_load[g]), 0.0, g * d + j) for g in range(n_rep) for j in range(d)]
+        heapq.heapify(heap)
+        for i in _heaviest_first(t_loc, np.flatnonzero(local)):
+            _, _, r = heapq.heappop(heap)
+            g, j = divmod(r, d)
+            own[g][j].append(i)
+            rank_load[g, j] += float(t_loc[i])
+            heapq.heappush(heap, (float(max(comm[g], rank_load[g, j]) + rep_load[g]), float(rank_load[g, j]), r))
+        replicas = []
+        for g in range(n_rep):
+            mbs = _micro_batches(shared[g], own[g], lengths, samples, t_loc, t_sh, budget, d, k, cost)
+            replicas.append(mbs + chains[g])
+        return assemble_step(replicas, cp=d, token_cap=cap)
+
+    @staticmethod
+    def _chain_s(n: int, chunk: int, d: int, split: int, cost: CostModel, k: int) -> float:
+        """Estimated seconds of one chain on each of its d ranks (recomputed chunks run their forward twice)."""
+        bounds = list(range(0, n, chunk)) + [n]
+        total = 0.0
+        for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            pairs = cost.cfg.causal_factor * (b * b - a * a) / d
+            t = float(cost.linear_s((b - a) / d, k, ideal=True)) + float(cost.attn_s(pairs, (b - a) / (2 * d), k))
+            total += t * (4 / 3 if j < len(bounds) - 1 - split else 1.0)
+        return total
+
+
+def _times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(whole on one rank, one rank's share when sharded over d ranks) compute seconds per sample."""
+    pairs = cost.cfg.causal_factor * s * s
+    local = np.asarray(cost.linear_s(s, k, ideal=True)) + np.asarray(cost.attn_s(pairs, s, k))
+    q = s / (2 * d) if d > 1 else s
+    shard = np.asarray(cost.linear_s(s / d, k, ideal=True)) + np.asarray(cost.attn_s(pairs / d, q, k))
+    return local + np.asarray(cost.docs_s(1)), shard + np.asarray(cost.docs_s(2))
+
+
+def _heaviest_first(t: np.ndarray, pos: np.ndarray) -> list[int]:
+    return pos[np.lexsort((pos, -t[pos]))].tolist()
+
+
+def _chain(sample: int, n: int, chunk: int, d: int, kept: int, ckpt: int) -> list[MicroBatch]:
+    """ChunkFlow chain: chunks of ``chunk`` tokens in order, all but the last ``kept`` recomputed."""
+    rank = None if d > 1 else 0
+    bounds = list(range(0, n, chunk)) + [n]
+    count = len(bounds) - 1
+    return [MicroBatch(pieces=(Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < count - kept)
+            for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+
+
+def _micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray, samples: np.ndarray,
+                   t_loc: np.ndarray, t_sh: np.ndarray, budget: int, d: int, ckpt: int, cost: CostModel
+                   ) -> list[MicroBatch]:
+    """The fewest micro-batches of at most ``budget`` tokens per rank holding a replica's samples (step 3)."""
+    if not shared and not any(own):
+        return []
+    sh_tok = [-(-int(lengths[i]) // d) for i in shared]
+    need = max(sum(sh_tok) + sum(int(lengths[i]) for i in mine) for mine in own)
+    m = max(1, -(-need // budget))
+    rank = None if d > 1 else 0
+    if m == 1:  # everything fits one micro-batch on every rank (need <= budget): nothing to deal
+        pieces = [Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in shared]
+        for j, mine in enumerate(own):
+            pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for i in mine]
+        return [MicroBatch(pieces=tuple(pieces), ckpt_layers=ckpt)]
+    while True:
+        layout = _deal(shared, own, lengths, t_loc, t_sh, sh_tok, budget, m, cost, ckpt)
+        if layout is not None:
+            break
+        m += 1
+    sh_of, own_of = layout
+    out = []
+    for b in range(m):
+        pieces = [Piece(int(samples[i]), 0, int(lengths[i]), rank) for i, mb in zip(shared, sh_of, strict=True)
+                  if mb == b]
+        for j, mine in enumerate(own):
+            pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for i, mb in zip(mine, own_of[j], strict=True)
+                       if mb == b]
+        if pieces:
+            out.append(MicroBatch(pieces=tuple(pieces), ckpt_layers=ckpt))
+    return out
+
+
+def _deal(shared: list[int], own: list[list[int]], lengths: np.ndarray, t_loc: np.ndarray, t_sh: np.ndarray,
+          sh_tok: list[int], budget: int, m: int, cost: CostModel, ckpt: int
+          ) -> tuple[list[int], list[list[int]]] | None:
+    """Micro-batch index of every sample for m micro-batches, or None when something fits nowhere."""
+    used = [0] * m
+    sh_time = [0.0] * m
+    sh_of = []
+    for i, w in zip(shared, sh_tok, strict=True):  # already heaviest first
+        fit = [b for b in range(m) if used[b] + w <= budget]
+        if not fit:
+            return None
+        b = min(fit, key=lambda x: (sh_time[x], x))
+        used[b] += w
+        sh_time[b] += float(t_sh[i])
+        sh_of.append(b)
+    comm = [cost.cp_comm_s(sum(float(lengths[i]) for i, b in zip(shared, sh_of, strict=True) if b == x), ckpt)
+            for x in range(m)]
+    own_of = []
+    for mine in own:
+        room = [budget - u for u in used]
+        loc = [0.0] * m
+        where = []
+        for i in mine:
+            n, t = int(lengths[i]), float(t_loc[i])
+            fit = [b for b in range(m) if n <= room[b]]
+            if not fit:
+                return None
+            # The lightest after adding, in Eq. 2 terms (own work up to the K/V exchange time is free).
+            b = min(fit, key=lambda x: (max(comm[x], loc[x] + t) + sh_time[x], loc[x], x))
+            room[b] -= n
+            loc[b] += t
+            where.append(b)
+        own_of.append(where)
+    return sh_of, own_of
+
+
+def _numbers(ctx: PlanContext, name: str, cast: type, example: str) -> list:
+    """Comma-separated values of option ``name`` ([] when not given), or one line naming the option and the fix."""
+    text = ctx.option(name, None)
+    if text is None or text == "":
+        return []
+    try:
+        return [cast(x) for x in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"--opt {name}={text!r}: expected comma-separated {cast.__name__}s, e.g. "
+                         f"{name}={example}") from None
+
+
+def _flag(value: object) -> bool:
+    return str(value).strip().lower() not in ("0", "false", "no", "off")

@@ -1,0 +1,118 @@
+"""The unified planner and the certificates around it: lower bound, exact MILP optimum, gap reporting, parity."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from longpack.cost import CostModel, TrainConfig
+from longpack.hardware import get_hardware
+from longpack.model import get_model
+from longpack.plan import Plan
+from longpack.planners import PlanContext, get_planner, global_batches
+from longpack.sim import simulate
+from longpack.sim.bounds import step_lower_bound
+from longpack.workloads import generate
+
+
+def _cost(model="qwen2.5-0.5b", dp=4, cp=8, **cfg):
+    return CostModel(get_model(model), get_hardware("h100"), TrainConfig(dp=dp, cp=cp, **cfg))
+
+
+def _plan(lengths, cost, steps=2, batch=64, **options):
+    return get_planner("unified").plan(lengths, global_batches(len(lengths), batch, seed=0, steps=steps),
+                                       PlanContext(cost=cost, options=options), max_len=128 * 1024)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 30), layout=st.sampled_from([(1, 1), (2, 2), (4, 2), (2, 8)]),
+       workload=st.sampled_from(["lmsys-chat-1m", "chatqa2-long-sft", "chunkflow-eval"]),
+       cap=st.sampled_from([None, 4096]))
+def test_unified_plans_are_valid_deterministic_and_no_slower_than_plain_balanced_packing(seed, layout, workload, cap):
+    dp, cp = layout
+    cost = _cost(dp=dp, cp=cp, token_cap=cap)
+    x = generate(workload, 1500, seed=seed)
+    plan = _plan(x, cost)
+    plan.validate()  # coverage, cap on every rank, chain order, equal micro-batch counts
+    assert plan.to_json() == _plan(x, cost).to_json()
+    # the candidate (d = cp, K = 1, alpha = inf) is always in the search, so no step is slower than it
+    plain = _plan(x, cost, degrees=str(cp), splits="1", alphas="inf")
+    for got, base in zip(simulate(plan, cost).steps, simulate(plain, cost).steps, strict=True):
+        assert not got.oom or base.oom  # a fitting candidate always beats one over memory
+        if not base.oom:
+            assert got.time_s <= base.time_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("workload", ["lmsys-chat-1m", "llama3-longsft", "chatqa2-long-sft"])
+def test_unified_efficiency_is_at_least_097_at_dp4_cp8(workload):
+    """A guard on cells that reach the issue's 0.97 today; the full matrix (where some cells fall short, steps
+    dominated by one very long sequence) is in docs/BENCHMARKS.md."""
+    cost = _cost()
+    rep = simulate(_plan(generate(workload, 5000, seed=0), cost, steps=3, batch=256), cost)
+    assert rep.efficiency >= 0.97 and rep.oom_steps == 0
+
+
+def test_unified_shards_for_compute_when_one_sequence_would_dominate_a_rank():
+    """A 40K sequence among 255 short ones on 0.5B (cap ~48K): it fits one rank, but whole it would take longer
+    than the whole batch spread over the 32 GPUs, so unified shards it; Skrull (memory-only) keeps it whole."""
+    cost = _cost()
+    x = np.concatenate([[40_000], np.full(255, 600)])
+    plan = get_planner("unified").plan(x, [np.arange(256)], PlanContext(cost=cost))
+    skrull = get_planner("skrull").plan(x, [np.arange(256)], PlanContext(cost=cost))
+    long_piece = next(p for _, _, _, p in plan.iter_pieces() if p.sample == 0)
+    assert long_piece.cp_rank is None
+    assert next(p for _, _, _, p in skrull.iter_pieces() if p.sample == 0).cp_rank is not None
+    assert simulate(plan, cost).total_s < simulate(skrull, cost).total_s
+
+
+def test_unified_chains_samples_no_rank_can_hold_and_recomputes_all_but_k():
+    cost = _cost(dp=1, cp=1, token_cap=1000)
+    plan = _plan(np.array([3500, 100, 200, 50]), cost, steps=1, batch=4, degrees="1", splits="1")
+    plan.validate()
+    chain = [mb for _, rep in enumerate(plan.steps[0].replicas) for mb in rep.micro_batches
+             if any(p.sample == 0 for p in mb.pieces)]
+    assert len(chain) == 4 and [mb.recompute for mb in chain] == [True, True, True, False]
+
+
+def test_exact_optimum_is_the_simulators_time_of_its_placement_and_bounds_hold():
+    pytest.importorskip("scipy")
+    from longpack.sim.exact import optimal_step, placement_step
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.integers(200, 3000, 7), rng.integers(8000, 30000, 3)])
+    cost = _cost(dp=2, cp=4, token_cap=16000)
+    res = optimal_step(x, cost)
+    assert res.status == "optimal"
+    ids = np.arange(len(x))
+    plan = Plan(planner="exact", world=8, lengths=dict(enumerate(x.tolist())), steps=(placement_step(res, ids, x,
+                                                                                                      cost),))
+    plan.validate()
+    assert simulate(plan, cost).steps[0].time_s == pytest.approx(res.time_s, rel=1e-9)
+    assert step_lower_bound(x.astype(float), cost, degrees=[1, 2, 4, 8]) <= res.time_s * (1 + 1e-12)
+    uni = get_planner("unified").plan(x, [ids], PlanContext(cost=cost, options={"degrees": "4"}))
+    if max(len(r.micro_batches) for r in uni.steps[0].replicas) <= res.micro_batches:
+        assert simulate(uni, cost).steps[0].time_s >= res.time_s * (1 - 1e-9)
+
+
+def test_exact_optimum_refuses_what_it_cannot_model():
+    pytest.importorskip("scipy")
+    from longpack.sim.exact import optimal_step
+
+    with pytest.raises(ValueError, match="limit"):
+        optimal_step(np.full(40, 100), _cost(dp=1, cp=2))
+    with pytest.raises(ValueError, match="chunk chain"):
+        optimal_step(np.array([10_000]), _cost(dp=1, cp=2, token_cap=1000))
+
+
+def test_compare_reports_gap_to_bound_and_to_the_exact_optimum():
+    pytest.importorskip("scipy")
+    from longpack import jobs
+
+    spec = jobs.RunSpec(workload="lmsys-chat-1m", samples=200, model="qwen2.5-0.5b", dp=2, cp=4, global_batch=10,
+                        steps=2)
+    res = jobs.compare(spec, ["unified", "fixed_cp", "isf"], "fixed_cp")
+    assert res["exact"]["steps"] == 2
+    for r in res["planners"].values():
+        assert r["gap_to_bound"] >= -1e-12
+        assert r["gap_to_optimum"] is not None
+    assert res["planners"]["unified"]["gap_to_optimum"] <= res["planners"]["isf"]["gap_to_optimum"]
