@@ -9,8 +9,9 @@ Knobs (each is one paper's lever, made a choice instead of a fixed setting):
 * **CP degree** d of the step, over the divisors of ``--cp`` (HBP's per-group SP degree), and wider groups
   (2·cp, 4·cp, ... dividing the world) while the longest sample's share would still exceed the mean rank load:
   world/d replicas.
-* **Checkpointing** k: the configured layers, and the fewest that let the longest sample sit sharded, or whole
-  on one rank, without a chain (HBP's checkpointing where it pays).
+* **Checkpointing** k: the configured layers, or the fewest that let the longest sample sit sharded whole
+  without a chain (HBP's checkpointing where it pays). Only the micro-batches holding such long samples use k;
+  the others keep the configured layers and pay no recompute.
 * **Budget split** K in {1, 2, 4} (and 8 with pp > 1): a micro-batch holds at most B = cap(k) // K tokens per rank.
   Samples longer than B·d become ChunkFlow chains of chunks of B·d tokens whose first N − K chunks are recomputed,
   so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline bubbles when pp > 1.
@@ -93,7 +94,7 @@ class Unified(Planner):
 
     # --- the search space -------------------------------------------------------------------------------------
     def candidates(self, batch: Batch, ctx: PlanContext) -> list[Candidate]:
-        cp, cost = ctx.cp, ctx.cost
+        cost = ctx.cost
         world = ctx.world
         degrees = _numbers(ctx, "degrees", int, "8,4,2,1") or self._degrees(batch, ctx)
         for d in degrees:
@@ -103,13 +104,12 @@ class Unified(Planner):
         alphas = _numbers(ctx, "alphas", float, "inf,1,0.5") or list(ALPHAS)
         longest = float(batch.lengths.max())
         k0 = ctx.ckpt_layers
-        ckpts = [k0]
-        for need in (longest / cp, longest):  # sharded without a chain; whole on one rank
-            k = int(min_ckpt(np.array([need]), cost)[0])
-            if k > k0 and k not in ckpts:
-                ckpts.append(k)
         out = []
         for d in degrees:
+            ckpts = [k0]
+            k = int(min_ckpt(np.array([-(-longest // d)]), cost)[0])  # the longest sharded whole, no chain
+            if k > k0:
+                ckpts.append(k)
             for k in ckpts:
                 # With one pipeline stage a smaller budget only adds micro-batches, unless chains need room for K.
                 chains = longest > cost.token_cap(k) * d
@@ -137,42 +137,54 @@ class Unified(Planner):
 
     # --- one candidate ----------------------------------------------------------------------------------------
     def _build(self, batch: Batch, ctx: PlanContext, cost: CostModel, c: Candidate, seen: set[tuple]) -> Step | None:
-        d, k = c.degree, c.ckpt
-        cap = cost.token_cap(k)
+        d, k0, kb = c.degree, ctx.ckpt_layers, c.ckpt
+        cap = cost.token_cap(k0)
         budget = cap // c.split
         if budget < 1:
             return None
-        whole_len = budget * d if batch.split_len is None else min(budget * d, batch.split_len)
+        limit = batch.split_len or np.iinfo(np.int64).max
+        whole_len = min(budget * d, limit)
+        big_len = min(cost.token_cap(kb) * d, limit) if kb > k0 else whole_len
         lengths, samples = batch.lengths, batch.samples
         s = lengths.astype(np.float64)
-        is_chain = lengths > whole_len
+        # big: too long for the normal micro-batches but whole-sharded in their own, with kb checkpointed layers
+        is_big = (lengths > whole_len) & (lengths <= big_len)
+        is_chain = lengths > max(whole_len, big_len)
         if d > 1 and is_chain.any() and not _flag(ctx.option("shard_chains", True)):
             return None
-        t_loc, t_sh = _times(s, cost, d, k)
-        fits_rank = (lengths <= budget) & ~is_chain
+        t_loc, t_sh = _times(s, cost, d, k0)
+        fits_rank = (lengths <= budget) & ~is_chain & ~is_big
         tau = float(t_loc[fits_rank].sum() + t_sh[~fits_rank].sum() * d) / ctx.world
-        sharded = ~fits_rank & ~is_chain
+        sharded = ~fits_rank & ~is_chain & ~is_big
         if d > 1 and math.isfinite(c.alpha):
             sharded |= fits_rank & (t_loc > c.alpha * tau)
         local = fits_rank & ~sharded
         if d == 1:
             local, sharded = local | sharded, np.zeros_like(sharded)
-        placement_key = (d, k, budget, tuple(np.flatnonzero(sharded).tolist()), whole_len)
+        placement_key = (d, kb if is_big.any() else k0, budget, tuple(np.flatnonzero(sharded).tolist()), whole_len)
         if placement_key in seen:
             return None
         seen.add(placement_key)
         n_rep = ctx.world // d
         rep_load = np.zeros(n_rep)
         rank_load = np.zeros((n_rep, d))
-        chains: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
+        tail: list[list[MicroBatch]] = [[] for _ in range(n_rep)]  # big micro-batches, then chains
+        big_pos = np.flatnonzero(is_big)
+        if big_pos.size:
+            _, t_big = _times(s[big_pos], cost, d, kb)
+            est = t_big + np.array([cost.cp_comm_s(n, kb) for n in s[big_pos].tolist()])  # nothing hides it
+            for g, members in enumerate(lpt(est, n_rep)):
+                tail[g].extend(_big_micro_batches(big_pos[np.asarray(members, dtype=np.int64)], lengths, samples,
+                                                  cost.token_cap(kb), d, kb))
+                rep_load[g] += float(est[members].sum()) if members else 0.0
         chain_pos = np.flatnonzero(is_chain)
         if chain_pos.size:
             chunk = whole_len
-            est = [self._chain_s(int(lengths[i]), chunk, d, c.split, cost, k) for i in chain_pos.tolist()]
+            est = [self._chain_s(int(lengths[i]), chunk, d, c.split, cost, k0) for i in chain_pos.tolist()]
             for g, members in enumerate(lpt(est, n_rep)):
                 for m in members:
                     i = int(chain_pos[m])
-                    chains[g].extend(_chain(int(samples[i]), int(lengths[i]), chunk, d, c.split, k))
+                    tail[g].extend(_chain(int(samples[i]), int(lengths[i]), chunk, d, c.split, k0))
                     rep_load[g] += est[m]
         # A replica's ranks each take max(comm, own work) + shared work (Eq. 2): local work up to the K/V
         # exchange time is free, so both greedy passes below price a placement by that, not by a plain sum.
@@ -180,13 +192,13 @@ class Unified(Planner):
         sh_tokens = np.zeros(n_rep)
         comm = np.zeros(n_rep)
         for i in _heaviest_first(t_sh, np.flatnonzero(sharded)):
-            g = min(range(n_rep), key=lambda r: (rep_load[r] + t_sh[i] + cost.cp_comm_s(sh_tokens[r] + s[i], k)
+            g = min(range(n_rep), key=lambda r: (rep_load[r] + t_sh[i] + cost.cp_comm_s(sh_tokens[r] + s[i], k0)
                                                  - comm[r], r))
             shared[g].append(i)
             sh_tokens[g] += s[i]
-            rep_load[g] += float(t_sh[i]) + cost.cp_comm_s(sh_tokens[g], k) - comm[g]
-            comm[g] = cost.cp_comm_s(sh_tokens[g], k)
-        rep_load -= comm  # rep_load is now the shared compute (dist) alone
+            rep_load[g] += float(t_sh[i]) + cost.cp_comm_s(sh_tokens[g], k0) - comm[g]
+            comm[g] = cost.cp_comm_s(sh_tokens[g], k0)
+        rep_load -= comm  # rep_load is now the shared compute (dist, big micro-batches, chains) alone
         own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
         # (Eq. 2 time, own load, rank): among ranks whose own work still hides under the exchange, the emptiest.
         heap = [(float(comm[g] + rep_load[g]), 0.0, g * d + j) for g in range(n_rep) for j in range(d)]
@@ -199,9 +211,10 @@ class Unified(Planner):
             heapq.heappush(heap, (float(max(comm[g], rank_load[g, j]) + rep_load[g]), float(rank_load[g, j]), r))
         replicas = []
         for g in range(n_rep):
-            mbs = _micro_batches(shared[g], own[g], lengths, samples, t_loc, t_sh, budget, d, k, cost)
-            replicas.append(mbs + chains[g])
-        return assemble_step(replicas, cp=d, token_cap=cap)
+            mbs = _micro_batches(shared[g], own[g], lengths, samples, t_loc, t_sh, budget, d, k0, cost)
+            replicas.append(mbs + tail[g])
+        step_cap = cost.token_cap(kb) if big_pos.size else cap
+        return assemble_step(replicas, cp=d, token_cap=step_cap)
 
     @staticmethod
     def _chain_s(n: int, chunk: int, d: int, split: int, cost: CostModel, k: int) -> float:
@@ -235,6 +248,26 @@ def _chain(sample: int, n: int, chunk: int, d: int, kept: int, ckpt: int) -> lis
     count = len(bounds) - 1
     return [MicroBatch(pieces=(Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < count - kept)
             for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+
+
+def _big_micro_batches(pos: np.ndarray, lengths: np.ndarray, samples: np.ndarray, cap: int, d: int,
+                       ckpt: int) -> list[MicroBatch]:
+    """Samples sharded whole with ``ckpt`` checkpointed layers, first-fit decreasing into micro-batches of at most
+    ``cap`` tokens per rank (only these micro-batches pay the recompute)."""
+    rank = None if d > 1 else 0
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in pos[np.lexsort((pos, -lengths[pos]))].tolist():
+        w = -(-int(lengths[i]) // d)
+        b = next((x for x, r in enumerate(room) if w <= r), None)
+        if b is None:
+            bins.append([])
+            room.append(cap)
+            b = len(bins) - 1
+        bins[b].append(i)
+        room[b] -= w
+    return [MicroBatch(pieces=tuple(Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in members),
+                       ckpt_layers=ckpt) for members in bins]
 
 
 def _micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray, samples: np.ndarray,
