@@ -272,12 +272,18 @@ def calibrate(out: Annotated[Path, typer.Option(help="HardwareSpec JSON to write
               repeats: Annotated[int, typer.Option(help="Timed steps per grid point (median).")] = 3,
               threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
               nproc: Annotated[int, typer.Option(help="Processes timing each point at once (as in training).")] = 1,
+              dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (GPU).")] = "float32",
+              grid: Annotated[str, typer.Option(help="cpu (512-4K tokens per pack) or gpu (8K-32K).")] = "cpu",
               json_out: Json = False) -> None:
     """Time real training steps on this machine, fit the cost model (least squares), save a HardwareSpec JSON."""
     from .model import get_model
+    from .runtime.calibrate import GRIDS
     from .runtime.calibrate import calibrate as run
 
-    hw, rep = run(get_model(model), base=base, repeats=repeats, threads=threads, nproc=nproc)
+    if grid not in GRIDS:
+        raise ValueError(f"--grid {grid!r}: choose one of {', '.join(GRIDS)}")
+    hw, rep = run(get_model(model), base=base, repeats=repeats, threads=threads, nproc=nproc, dtype=dtype,
+                  grid=GRIDS[grid])
     out.write_text(hw.to_json())
     if json_out:
         print(json.dumps(rep | {"out": str(out)}))

@@ -221,6 +221,7 @@ def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarra
             "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": cap,
             "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options),
             "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
+                         "split_len": max_len if max_len is not None and overlong == "split" else None,
                          "dropped": len(dropped)}}
     return Plan(planner=planner.name, world=ctx.world, lengths=dict(zip(scope.tolist(), lengths[scope].tolist(),
                                                                          strict=True)),

@@ -149,6 +149,7 @@ class HBP(Planner):
                 "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": ctx.token_cap,
                 "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options), "hbp": report,
                 "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
+                         "split_len": max_len if max_len is not None and overlong == "split" else None,
                              "dropped": len(dropped)}}
         return Plan(planner=self.name, world=world, lengths={int(s): int(lengths[s]) for s in scope},
                     steps=tuple(steps), truncated=truncated, dropped=dropped, meta=meta)

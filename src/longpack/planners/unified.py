@@ -180,11 +180,13 @@ class Unified(Planner):
         chain_pos = np.flatnonzero(is_chain)
         if chain_pos.size:
             chunk = whole_len
-            est = [self._chain_s(int(lengths[i]), chunk, d, c.split, cost, k0) for i in chain_pos.tolist()]
+            # keep as many chunks' activations as the cap holds (more than K when --max-len made chunks small)
+            kept = max(c.split, cap // -(-chunk // d))
+            est = [self._chain_s(int(lengths[i]), chunk, d, kept, cost, k0) for i in chain_pos.tolist()]
             for g, members in enumerate(lpt(est, n_rep)):
                 for m in members:
                     i = int(chain_pos[m])
-                    tail[g].extend(_chain(int(samples[i]), int(lengths[i]), chunk, d, c.split, k0))
+                    tail[g].extend(_chain(int(samples[i]), int(lengths[i]), chunk, d, kept, k0))
                     rep_load[g] += est[m]
         # A replica's ranks each take max(comm, own work) + shared work (Eq. 2): local work up to the K/V
         # exchange time is free, so both greedy passes below price a placement by that, not by a plain sum.

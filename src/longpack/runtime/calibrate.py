@@ -34,11 +34,15 @@ from .data import SyntheticCorpus
 from .model import Decoder, DecoderConfig
 from .step import run_micro_batches
 
-__all__ = ["GRID", "calibrate"]
+__all__ = ["GRID", "GPU_GRID", "GRIDS", "calibrate"]
 
 # (document length, documents): 512 to 4096 tokens, from many short documents to one long one
 GRID = [(64, 8), (64, 32), (256, 2), (256, 8), (256, 16), (512, 4), (1024, 1), (1024, 2), (1024, 4), (2048, 1),
         (2048, 2), (4096, 1), (128, 24), (512, 1)]
+# A GPU needs longer packs to leave the launch-bound regime: 8K to 32K tokens per micro-batch.
+GPU_GRID = [(256, 32), (512, 16), (1024, 8), (2048, 4), (4096, 2), (8192, 1), (512, 64), (2048, 8), (4096, 4),
+            (8192, 2), (16384, 1), (1024, 32), (8192, 4), (16384, 2), (32768, 1)]
+GRIDS = {"cpu": GRID, "gpu": GPU_GRID}
 
 
 def _doc_lengths(doc: int, count: int) -> dict[int, int]:
@@ -62,10 +66,11 @@ def _time_step(model: Decoder, corpus: SyntheticCorpus, doc: int, count: int, re
     return statistics.median(times[1:])
 
 
-def _measure(spec: ModelSpec, grid: list[tuple[int, int]], repeats: int, barrier: Any = None) -> list[float]:
+def _measure(spec: ModelSpec, grid: list[tuple[int, int]], repeats: int, barrier: Any = None,
+             dtype: torch.dtype = torch.float32) -> list[float]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    model = Decoder(DecoderConfig.from_spec(spec)).to(device)
+    model = Decoder(DecoderConfig.from_spec(spec)).to(device=device, dtype=dtype)
     corpus = SyntheticCorpus(spec.vocab)
     out = []
     for doc, count in grid:
@@ -93,9 +98,16 @@ def _worker(rank: int, nproc: int, port: int, spec: ModelSpec, grid: list, repea
 
 
 def calibrate(spec: ModelSpec, *, base: str = "cpu", repeats: int = 3, threads: int | None = None,
-              grid: list[tuple[int, int]] | None = None, nproc: int = 1) -> tuple[HardwareSpec, dict[str, Any]]:
-    """Measure, fit, and return (HardwareSpec, report with per-point measured/predicted times and errors)."""
+              grid: list[tuple[int, int]] | None = None, nproc: int = 1, dtype: str = "float32",
+              ) -> tuple[HardwareSpec, dict[str, Any]]:
+    """Measure, fit, and return (HardwareSpec, report with per-point measured/predicted times and errors).
+    ``dtype`` (float32 or bfloat16) is the model's parameter and activation type."""
     grid = grid or GRID
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"--dtype {dtype!r}: choose float32 or bfloat16")
+    if nproc > 1 and dtype != "float32":
+        raise ValueError("--nproc > 1 calibrates CPU processes in float32; drop --dtype or --nproc")
     if threads:
         torch.set_num_threads(threads)
     if nproc > 1:
@@ -110,7 +122,7 @@ def calibrate(spec: ModelSpec, *, base: str = "cpu", repeats: int = 3, threads: 
             per_rank = torch.load(path, weights_only=False)
         measured = [float(np.mean(col)) for col in zip(*per_rank, strict=True)]
     else:
-        measured = _measure(spec, grid, repeats)
+        measured = _measure(spec, grid, repeats, dtype=torch_dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ref = CostModel(spec, get_hardware(base), TrainConfig())
     rows = []
@@ -134,7 +146,8 @@ def calibrate(spec: ModelSpec, *, base: str = "cpu", repeats: int = 3, threads: 
               "nproc": nproc,
               "rms_relative_error": float(np.sqrt(np.mean(errors ** 2))),
               "max_relative_error": float(np.abs(errors).max()), "device": str(device),
-              "threads": torch.get_num_threads(), "model": spec.name}
+              "threads": torch.get_num_threads(), "model": spec.name, "dtype": dtype,
+              "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None}
     return hw, report
 
 

@@ -49,21 +49,25 @@ def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
     return np.where(k <= cost.layers, k, -1)
 
 
-def sample_work(lengths: np.ndarray, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
-    """(W, U) per sample: fewest GPU-seconds, and shortest time, on this cost model (see module docstring)."""
+def sample_work(lengths: np.ndarray, cost: CostModel, split_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(W, U) per sample: fewest GPU-seconds, and shortest time, on this cost model (see module docstring).
+    ``split_len``: the user's --max-len under --overlong split; no piece may be longer, so a longer sample can
+    only run as a chain whose attention blocks hold at most split_len (local) or split_len/(2cp) (sharded)
+    queries."""
     s = np.asarray(lengths, dtype=np.float64)
     cp = cost.cfg.cp
     pairs = np.asarray(attention_pairs(0, s, cost.cfg.causal_factor), dtype=np.float64)
+    piece = np.minimum(s, split_len) if split_len else s
     lin = np.asarray(cost.linear_s(s, 0, ideal=True))
     # Sharded (whole or as a chain of pieces): every rank does 1/cp of the tokens and pairs in blocks of at most
     # s/(2cp) queries, and waits for the K/V exchanges of its pieces (at least comm_lower(s), see comm_minorant).
-    q_shard = s / (2 * cp) if cp > 1 else s
+    q_shard = piece / (2 * cp) if cp > 1 else piece
     shard = np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0))
     work = cp * shard
     # A chain runs its pieces in separate micro-batches (the Plan allows one piece of a sample per micro-batch):
     # at least one more per-micro-batch cost h than a whole sample; sharded whole it pays its own full exchange.
     h = per_micro_batch_s(cost)
-    whole_shard = min_ckpt(s / cp, cost) >= 0
+    whole_shard = (min_ckpt(s / cp, cost) >= 0) & (s <= piece)
     unit = shard + comm_lower(s, cost) + h
     if cp > 1 and whole_shard.any():
         exchange = np.array([cost.cp_comm_s(n, 0) for n in s[whole_shard].tolist()])
@@ -74,11 +78,11 @@ def sample_work(lengths: np.ndarray, cost: CostModel) -> tuple[np.ndarray, np.nd
     ks = np.arange(cost.layers + 1)
     caps = np.array([cost.token_cap(int(k)) for k in ks], dtype=np.float64)
     again = np.maximum(s[:, None] - caps[None, :], 0.0) + ks[None, :] / cost.layers * np.minimum(s[:, None], caps)
-    chain = lin + fwd * again.min(axis=1) + np.asarray(cost.attn_s(pairs, s, 0))
+    chain = lin + fwd * again.min(axis=1) + np.asarray(cost.attn_s(pairs, piece, 0))
     work = np.minimum(work, chain)
     unit = np.minimum(unit, chain + h)
     # Whole on one rank, with the fewest checkpointed layers that fit.
-    k = min_ckpt(s, cost)
+    k = np.where(s <= piece, min_ckpt(s, cost), -1)
     for kk in np.unique(k[k >= 0]).tolist():
         at = k == kk
         local = np.asarray(cost.linear_s(s[at], kk, ideal=True)) + np.asarray(cost.attn_s(pairs[at], s[at], kk))
@@ -131,9 +135,11 @@ def per_micro_batch_s(cost: CostModel) -> float:
     return cost.fixed_s + float(cost.linear_s(1.0, 0)) - float(cost.linear_s(1.0, 0, ideal=True))
 
 
-def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int] | None = None) -> float:
+def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int] | None = None,
+                     split_len: int | None = None) -> float:
     """Lower bound on the time of one step holding samples of ``lengths`` (see module docstring): the least over
-    the CP ``degrees`` a step may use (default: the cost model's), each with world/degree replicas."""
+    the CP ``degrees`` a step may use (default: the cost model's), each with world/degree replicas; ``split_len``
+    as in :func:`sample_work`."""
     if len(lengths) == 0:
         return 0.0
     world = cost.cfg.dp * cost.cfg.cp
@@ -141,7 +147,7 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
     tokens = float(np.sum(lengths))
     for d in degrees or (cost.cfg.cp,):
         c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
-        work, unit = sample_work(lengths, c)
+        work, unit = sample_work(lengths, c, split_len)
         h = per_micro_batch_s(c)
         # Every micro-batch holds at most cap(L) tokens per rank, so the ranks run >= Σ s / cap(L) of them.
         spread = max(float(work.sum()) / world + h, (float(work.sum()) + h * tokens / max(1, c.token_cap(c.layers)))

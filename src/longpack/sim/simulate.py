@@ -181,7 +181,8 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
                    if p.start == 0]
         world = len(reps) * cp
         lb = step_lower_bound(np.asarray(lengths, dtype=np.float64), run_cost,
-                              degrees=[d for d in range(1, world + 1) if world % d == 0])
+                              degrees=[d for d in range(1, world + 1) if world % d == 0],
+                              split_len=plan.meta.get("overlong", {}).get("split_len"))
     oom = tuple(int(i) for i in np.flatnonzero(peak > cost.hw.memory_bytes))
     return StepReport(step=index, cp=cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
                       bubble_ratio=max(bubbles, default=0.0),

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU benchmark (issue 9): calibrate the cost model on the GPU for a qwen2.5-0.5b-shaped random model in bf16, then
+# train packed (isf, unified) and padded (random_padded) plans for real and report tokens/s and MFU.
+# Results go to docs/BENCHMARKS.md ("GPU" section, the GPU named). Budget: under 8 minutes on one H100/H200.
+#
+#   bench/gpu.sh                 # on a machine with a CUDA GPU and this project installed (make install)
+#   DRYRUN=1 bench/gpu.sh        # the same pipeline on CPU with tiny-llama, to check the script itself
+#
+# Attention on the GPU is flash-attn's varlen kernel when the flash_attn package is importable, else PyTorch SDPA
+# per document length (runtime/attention.py); the report says which ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+OUT=${OUT:-$(mktemp -d)}
+if [ "${DRYRUN:-0}" = "1" ]; then
+    MODEL=tiny-llama; GRID=cpu; DTYPE=float32; STEPS=3; BATCH=16; CAP=2048; WORKLOAD=tiny-longtail; BASE=cpu
+else
+    MODEL=${MODEL:-qwen2.5-0.5b}; GRID=gpu; DTYPE=bfloat16; STEPS=${STEPS:-12}; BATCH=${BATCH:-64}
+    CAP=${CAP:-16384}; WORKLOAD=${WORKLOAD:-lmsys-chat-1m}; BASE=${BASE:-h100}
+    "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
+        echo "bench/gpu.sh: no CUDA device visible to torch; run it on a GPU machine (or DRYRUN=1 to test)" >&2
+        exit 2; }
+fi
+echo "bench/gpu.sh: model $MODEL, $DTYPE, outputs in $OUT"
+"$PY" -m longpack.cli calibrate --model "$MODEL" --base "$BASE" --dtype "$DTYPE" --grid "$GRID" --repeats 3 \
+    --out "$OUT/calibrated.json" --json > "$OUT/calibrate.json"
+for planner in random_padded isf unified; do
+    "$PY" -m longpack.cli train --workload "$WORKLOAD" --samples 20000 --model "$MODEL" --planner "$planner" \
+        --dtype "$DTYPE" --steps "$STEPS" --global-batch "$BATCH" --bucket-size "$CAP" --json \
+        > "$OUT/train-$planner.jsonl"
+done
+"$PY" bench/gpu_report.py "$OUT" --model "$MODEL" --workload "$WORKLOAD" --steps "$STEPS" --batch "$BATCH" \
+    --cap "$CAP" ${WRITE:+--write}

@@ -1,0 +1,77 @@
+"""Summarise bench/gpu.sh's outputs: the calibration fit, and tokens/s and MFU of each trained plan.
+
+    python bench/gpu_report.py OUT_DIR --model M --workload W --steps N --batch B --cap C [--write]
+
+MFU = model FLOPs per second / the GPU's dense bf16 peak: linear FLOPs 3 x (forward) per token and attention
+3 x forward per (query, key) pair of the causal documents actually trained (rebuilt from the same plan), over the
+measured wall time of the steps after the first (compile and allocator warm-up excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from _report import write_section
+
+from longpack import jobs
+from longpack.model import get_model
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--cap", type=int, required=True)
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    cal = json.loads((out / "calibrate.json").read_text())
+    gpu = cal.get("gpu") or "CPU (dry run)"
+    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+    spec = get_model(args.model)
+    rows = []
+    for planner in ("random_padded", "isf", "unified"):
+        log = [json.loads(x) for x in (out / f"train-{planner}.jsonl").read_text().splitlines() if x.startswith("{")]
+        steps = [r for r in log if "step" in r]
+        run = jobs.RunSpec(workload=args.workload, samples=20000, model=args.model, hardware="h100", dp=1, cp=1,
+                           global_batch=args.batch, steps=args.steps, bucket_size=args.cap)
+        lengths, default_max_len = jobs.load_workload(run)
+        plan, _ = jobs.run_plan(planner, lengths, run, jobs.build_cost(run), default_max_len)
+        flops = []
+        for step in plan.steps:
+            tokens = pairs = 0.0
+            for rep in step.replicas:
+                for mb in rep.micro_batches:
+                    for p in mb.pieces:
+                        tokens += p.stop - p.start
+                        pairs += 0.5 * (p.stop * p.stop - p.start * p.start)
+            flops.append(3 * (tokens * (spec.layers * spec.linear_flops_per_token + spec.head_flops_per_token)
+                              + pairs * spec.layers * spec.attn_flops_per_pair))
+        timed = steps[1:] or steps
+        seconds = sum(r["step_seconds"] for r in timed)
+        tok = sum(r["tokens"] for r in timed)
+        achieved = sum(flops[r["step"]] for r in timed) / seconds
+        rows.append((planner, tok / seconds, achieved, achieved / peak if peak else None, steps[-1]["loss"]))
+        print(f"{planner:14s} {tok / seconds:10.0f} tokens/s  {achieved / 1e12:8.2f} TFLOP/s  "
+              f"MFU {'-' if not peak else f'{100 * achieved / peak:.1f}%'}  final loss {steps[-1]['loss']:.4f}")
+    base = rows[0][1]
+    body = (f"GPU: {gpu}; model {args.model} (random init, {cal.get('dtype')}), {args.workload}, global batch "
+            f"{args.batch}, token cap {args.cap}, {args.steps} steps (first excluded).\n\n"
+            f"Calibration fit on the GPU: rms {100 * cal['rms_relative_error']:.1f}%, max "
+            f"{100 * cal['max_relative_error']:.1f}% over {len(cal['points'])} packs.\n\n"
+            "| planner | tokens/s | vs padded | TFLOP/s | MFU | final loss |\n|---|---|---|---|---|---|\n"
+            + "\n".join(f"| {p} | {t:.0f} | {t / base:.2f}x | {a / 1e12:.2f} | "
+                        f"{'-' if m is None else f'{100 * m:.1f}%'} | {loss:.4f} |" for p, t, a, m, loss in rows))
+    if args.write:
+        write_section("gpu", "GPU: calibration, packed vs padded throughput and MFU", "bench/gpu.sh", body)
+
+
+if __name__ == "__main__":
+    main()
