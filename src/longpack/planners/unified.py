@@ -52,7 +52,7 @@ import numpy as np
 from ..cost import CostModel
 from ..plan import MicroBatch, Piece, Plan, Step
 from ..sim.bounds import min_ckpt
-from ..sim.simulate import _with_cp, simulate_step
+from ..sim.simulate import _with_cp, micro_batch_times, simulate_step
 from .base import Batch, PlanContext, Planner, assemble_step, register
 from .packers import lpt
 
@@ -75,22 +75,26 @@ class Unified(Planner):
     name = "unified"
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
-        best: tuple[tuple[bool, float, int], Step] | None = None
+        best: tuple[tuple[bool, float, int], _Layout] | None = None
         lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}
         seen: set[tuple] = set()
         for c in self.candidates(batch, ctx):
             cost = _with_cp(ctx.cost, c.degree, ctx.world // c.degree) if c.degree != ctx.cp else ctx.cost
-            step = self._build(batch, ctx, cost, c, seen)
-            if step is None:  # infeasible, or the same placement as an earlier candidate
+            layout = self._build(batch, ctx, cost, c, seen)
+            if layout is None:  # infeasible, or the same placement as an earlier candidate
                 continue
+            step = layout.step()
             plan = Plan(planner=self.name, world=ctx.world, lengths=lengths, steps=(step,))
             rep = simulate_step(0, step, plan, cost, bound=False)
             key = (rep.oom, rep.time_s, len(seen))
             if best is None or key < best[0]:
-                best = (key, step)
+                best = (key, layout)
         if best is None:
             raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
-        return best[1]
+        layout = best[1]
+        if layout.cost.cfg.pp == 1 and not best[0][0]:
+            layout.refine(int(ctx.option("refine", 32)))
+        return layout.step()
 
     # --- the search space -------------------------------------------------------------------------------------
     def candidates(self, batch: Batch, ctx: PlanContext) -> list[Candidate]:
@@ -136,7 +140,8 @@ class Unified(Planner):
         return out
 
     # --- one candidate ----------------------------------------------------------------------------------------
-    def _build(self, batch: Batch, ctx: PlanContext, cost: CostModel, c: Candidate, seen: set[tuple]) -> Step | None:
+    def _build(self, batch: Batch, ctx: PlanContext, cost: CostModel, c: Candidate, seen: set[tuple]
+               ) -> _Layout | None:
         d, k0, kb = c.degree, ctx.ckpt_layers, c.ckpt
         cap = cost.token_cap(k0)
         budget = cap // c.split
@@ -211,12 +216,8 @@ class Unified(Planner):
             own[g][j].append(i)
             rank_load[g, j] += float(t_loc[i])
             heapq.heappush(heap, (float(max(comm[g], rank_load[g, j]) + rep_load[g]), float(rank_load[g, j]), r))
-        replicas = []
-        for g in range(n_rep):
-            mbs = _micro_batches(shared[g], own[g], lengths, samples, t_loc, t_sh, budget, d, k0, cost)
-            replicas.append(mbs + tail[g])
         step_cap = cost.token_cap(kb) if big_pos.size else cap
-        return assemble_step(replicas, cp=d, token_cap=step_cap)
+        return _Layout(cost, d, k0, budget, step_cap, lengths, samples, t_loc, t_sh, shared, own, tail)
 
     @staticmethod
     def _chain_s(n: int, chunk: int, d: int, split: int, cost: CostModel, k: int) -> float:
@@ -228,6 +229,73 @@ class Unified(Planner):
             t = float(cost.linear_s((b - a) / d, k, ideal=True)) + float(cost.attn_s(pairs, (b - a) / (2 * d), k))
             total += t * (4 / 3 if j < len(bounds) - 1 - split else 1.0)
         return total
+
+
+class _Layout:
+    """One candidate's placement: per replica its sharded samples, each rank's own samples, and the big
+    micro-batches and chains that follow; micro-batches are built per replica on demand (and rebuilt by refine)."""
+
+    def __init__(self, cost: CostModel, d: int, ckpt: int, budget: int, cap: int, lengths: np.ndarray,
+                 samples: np.ndarray, t_loc: np.ndarray, t_sh: np.ndarray, shared: list[list[int]],
+                 own: list[list[list[int]]], tail: list[list[MicroBatch]]) -> None:
+        self.cost, self.d, self.ckpt, self.budget, self.cap = cost, d, ckpt, budget, cap
+        self.lengths, self.samples, self.t_loc, self.t_sh = lengths, samples, t_loc, t_sh
+        self.shared, self.own, self.tail = shared, own, tail
+        self._mbs: dict[int, list[MicroBatch]] = {}
+
+    def replica(self, g: int) -> list[MicroBatch]:
+        if g not in self._mbs:
+            self._mbs[g] = _micro_batches(self.shared[g], self.own[g], self.lengths, self.samples, self.t_loc,
+                                          self.t_sh, self.budget, self.d, self.ckpt, self.cost) + self.tail[g]
+        return self._mbs[g]
+
+    def replica_s(self, g: int) -> float:
+        """Simulated time of replica g (one pipeline stage): Σ over its micro-batches of the slowest rank."""
+        return sum(float(micro_batch_times(mb, self.d, self.cost)[0].max()) for mb in self.replica(g) if mb.pieces)
+
+    def step(self) -> Step:
+        return assemble_step([self.replica(g) for g in range(len(self.own))], cp=self.d, token_cap=self.cap)
+
+    def refine(self, moves: int) -> None:
+        """Local search on the simulated times, for what the greedy's estimates miss (own work that cannot share
+        the exchange's micro-batch, micro-batches not aligned across ranks): move one own sample from the slowest
+        replica's busiest rank to the fastest replica's idlest rank — the one whose time is closest to half the
+        gap — and keep the move if the slower of the two replicas gets faster. At most ``moves`` tries, each
+        O(pieces of two replicas)."""
+        n_rep = len(self.own)
+        if n_rep < 2:
+            return
+        times = [self.replica_s(g) for g in range(n_rep)]
+        tried: set[int] = set()
+        for _ in range(moves):
+            slow = max(range(n_rep), key=lambda g: (times[g], -g))
+            fast = min(range(n_rep), key=lambda g: (times[g], g))
+            gap = times[slow] - times[fast]
+            if gap <= 1e-3 * times[slow]:
+                return
+            loads = [float(self.t_loc[mine].sum()) if mine else 0.0 for mine in self.own[slow]]
+            j = max(range(self.d), key=lambda x: (loads[x], -x))
+            pick = [i for i in self.own[slow][j] if i not in tried and self.t_loc[i] < gap]
+            if not pick:
+                return
+            i = min(pick, key=lambda x: (abs(float(self.t_loc[x]) - gap / 2), x))
+            tried.add(i)
+            dest = [float(self.t_loc[mine].sum()) if mine else 0.0 for mine in self.own[fast]]
+            jj = min(range(self.d), key=lambda x: (dest[x], x))
+            self.own[slow][j].remove(i)
+            self.own[fast][jj].append(i)
+            for g in (slow, fast):
+                self.own[g] = [sorted(m, key=lambda x: (-float(self.t_loc[x]), x)) for m in self.own[g]]
+                self._mbs.pop(g, None)
+            new = (self.replica_s(slow), self.replica_s(fast))
+            if max(new) < times[slow] * (1 - 1e-9):
+                times[slow], times[fast] = new
+            else:  # undo
+                self.own[fast][jj].remove(i)
+                self.own[slow][j].append(i)
+                for g in (slow, fast):
+                    self.own[g] = [sorted(m, key=lambda x: (-float(self.t_loc[x]), x)) for m in self.own[g]]
+                    self._mbs.pop(g, None)
 
 
 def _times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
