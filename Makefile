@@ -19,15 +19,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/longpack compare --workload lmsys-chat-1m --model qwen2.5-0.5b --hardware h100 \
 	  --dp 4 --cp 8 --global-batch 256 --steps 8 \
-	  --planners fixed_cp,sorted,isf,random_padded,one_seq,skrull,chunkflow --baseline fixed_cp
-	@echo "--- a short real training run: tiny Llama, 2 CPU processes (gloo), skrull plan ---"
-	$(BIN)/longpack train --workload tiny-longtail --planner skrull --nproc 2 --steps 5
+	  --planners unified,skrull,chunkflow,hbp,fixed_cp,sorted,isf,random_padded,one_seq --baseline fixed_cp
+	@echo "--- a short real training run: tiny Llama, 2 CPU processes (gloo), unified plan ---"
+	$(BIN)/longpack train --workload tiny-longtail --planner unified --nproc 2 --steps 5
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # Regenerates docs/BENCHMARKS.md. QUICK=1 (a few minutes) shrinks every benchmark; the full run takes ~30 min.
 # The report render needs Debian's chromium (apt-get install chromium); it is skipped when absent.
+# GPU figures come from bench/gpu.sh, run on a GPU machine (WRITE=1 bench/gpu.sh puts them in docs/BENCHMARKS.md).
 bench: $(STAMP)
 ifdef QUICK
 	cd bench && ../$(BIN)/python planning.py --samples 100000 --batches 50 --write

@@ -75,26 +75,38 @@ class Unified(Planner):
     name = "unified"
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
-        best: tuple[tuple[bool, float, int], _Layout] | None = None
         lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}
         seen: set[tuple] = set()
+        per_degree: dict[int, tuple[tuple[bool, float, int], _Layout]] = {}  # the best candidate of each degree
         for c in self.candidates(batch, ctx):
             cost = _with_cp(ctx.cost, c.degree, ctx.world // c.degree) if c.degree != ctx.cp else ctx.cost
             layout = self._build(batch, ctx, cost, c, seen)
             if layout is None:  # infeasible, or the same placement as an earlier candidate
                 continue
-            step = layout.step()
-            plan = Plan(planner=self.name, world=ctx.world, lengths=lengths, steps=(step,))
-            rep = simulate_step(0, step, plan, cost, bound=False)
-            key = (rep.oom, rep.time_s, len(seen))
+            key = (*self._score(layout, lengths, ctx), len(seen))
+            if c.degree not in per_degree or key < per_degree[c.degree][0]:
+                per_degree[c.degree] = (key, layout)
+        if not per_degree:
+            raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
+        # local search on the best few degrees' layouts (pp = 1: replica times add up), then the fastest
+        moves = int(ctx.option("refine", 32))
+        finalists = sorted(per_degree.values(), key=lambda kv: kv[0])[:3]
+        best: tuple[tuple[bool, float, int], _Layout] | None = None
+        for key, layout in finalists:
+            if moves and layout.cost.cfg.pp == 1 and not key[0]:
+                layout.refine(moves)
+                key = (*self._score(layout, lengths, ctx), key[2])
             if best is None or key < best[0]:
                 best = (key, layout)
-        if best is None:
-            raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
-        layout = best[1]
-        if layout.cost.cfg.pp == 1 and not best[0][0]:
-            layout.refine(int(ctx.option("refine", 32)))
-        return layout.step()
+        assert best is not None
+        return best[1].step()
+
+    def _score(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext) -> tuple[bool, float]:
+        """(over memory, simulated step time) of a layout."""
+        step = layout.step()
+        plan = Plan(planner=self.name, world=ctx.world, lengths=lengths, steps=(step,))
+        rep = simulate_step(0, step, plan, layout.cost, bound=False)
+        return rep.oom, rep.time_s
 
     # --- the search space -------------------------------------------------------------------------------------
     def candidates(self, batch: Batch, ctx: PlanContext) -> list[Candidate]:
@@ -258,44 +270,60 @@ class _Layout:
 
     def refine(self, moves: int) -> None:
         """Local search on the simulated times, for what the greedy's estimates miss (own work that cannot share
-        the exchange's micro-batch, micro-batches not aligned across ranks): move one own sample from the slowest
-        replica's busiest rank to the fastest replica's idlest rank — the one whose time is closest to half the
-        gap — and keep the move if the slower of the two replicas gets faster. At most ``moves`` tries, each
-        O(pieces of two replicas)."""
+        the exchange's micro-batch, micro-batches not aligned across ranks, a lone mid-size sample that leaves its
+        CP peers idle). Two moves, on the slowest replica's busiest rank, kept only if that replica gets faster
+        (and, for the second, the receiving replica stays below the old time): shard its largest own sample over
+        the replica's CP group; or move the own sample closest to half the gap to the fastest replica's idlest
+        rank. At most ``moves`` tries, each O(pieces of two replicas)."""
         n_rep = len(self.own)
-        if n_rep < 2:
-            return
         times = [self.replica_s(g) for g in range(n_rep)]
-        tried: set[int] = set()
+        tried: set[tuple[str, int]] = set()
         for _ in range(moves):
             slow = max(range(n_rep), key=lambda g: (times[g], -g))
             fast = min(range(n_rep), key=lambda g: (times[g], g))
-            gap = times[slow] - times[fast]
-            if gap <= 1e-3 * times[slow]:
-                return
             loads = [float(self.t_loc[mine].sum()) if mine else 0.0 for mine in self.own[slow]]
             j = max(range(self.d), key=lambda x: (loads[x], -x))
-            pick = [i for i in self.own[slow][j] if i not in tried and self.t_loc[i] < gap]
+            mine = self.own[slow][j]
+            big = max((i for i in mine if ("shard", i) not in tried), key=lambda x: (self.t_loc[x], -x),
+                      default=None)
+            if self.d > 1 and big is not None:
+                tried.add(("shard", big))
+                mine.remove(big)
+                self.shared[slow] = sorted(self.shared[slow] + [big], key=lambda x: (-float(self.t_sh[x]), x))
+                self._mbs.pop(slow, None)
+                t = self.replica_s(slow)
+                if t < times[slow] * (1 - 1e-9):
+                    times[slow] = t
+                    continue
+                self.shared[slow].remove(big)
+                self.own[slow][j] = sorted(mine + [big], key=lambda x: (-float(self.t_loc[x]), x))
+                self._mbs.pop(slow, None)
+            gap = times[slow] - times[fast]
+            if n_rep < 2 or gap <= 1e-3 * times[slow]:
+                if big is None:
+                    return
+                continue
+            pick = [i for i in self.own[slow][j] if ("move", i) not in tried and self.t_loc[i] < gap]
             if not pick:
-                return
+                if big is None:
+                    return
+                continue
             i = min(pick, key=lambda x: (abs(float(self.t_loc[x]) - gap / 2), x))
-            tried.add(i)
-            dest = [float(self.t_loc[mine].sum()) if mine else 0.0 for mine in self.own[fast]]
+            tried.add(("move", i))
+            dest = [float(self.t_loc[m].sum()) if m else 0.0 for m in self.own[fast]]
             jj = min(range(self.d), key=lambda x: (dest[x], x))
-            self.own[slow][j].remove(i)
-            self.own[fast][jj].append(i)
-            for g in (slow, fast):
-                self.own[g] = [sorted(m, key=lambda x: (-float(self.t_loc[x]), x)) for m in self.own[g]]
-                self._mbs.pop(g, None)
+            self._move(i, (slow, j), (fast, jj))
             new = (self.replica_s(slow), self.replica_s(fast))
             if max(new) < times[slow] * (1 - 1e-9):
                 times[slow], times[fast] = new
-            else:  # undo
-                self.own[fast][jj].remove(i)
-                self.own[slow][j].append(i)
-                for g in (slow, fast):
-                    self.own[g] = [sorted(m, key=lambda x: (-float(self.t_loc[x]), x)) for m in self.own[g]]
-                    self._mbs.pop(g, None)
+            else:
+                self._move(i, (fast, jj), (slow, j))
+
+    def _move(self, i: int, src: tuple[int, int], dst: tuple[int, int]) -> None:
+        self.own[src[0]][src[1]].remove(i)
+        self.own[dst[0]][dst[1]] = sorted(self.own[dst[0]][dst[1]] + [i], key=lambda x: (-float(self.t_loc[x]), x))
+        self._mbs.pop(src[0], None)
+        self._mbs.pop(dst[0], None)
 
 
 def _times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
