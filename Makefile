@@ -34,6 +34,7 @@ ifdef QUICK
 	cd bench && ../$(BIN)/python planning.py --samples 100000 --batches 50 --write
 	cd bench && ../$(BIN)/python hbp_packing.py --samples 200000 --write
 	cd bench && ../$(BIN)/python quality_matrix.py --steps 2 --samples 5000 --write
+	cd bench && ../$(BIN)/python exact_gap.py --steps 2 --write
 	cd bench && ../$(BIN)/python train_throughput.py --samples 192 --repeat 1 --write
 	cd bench && ../$(BIN)/python cp_overlap.py --steps 2 --write
 	cd bench && ../$(BIN)/python sim_validation.py --steps 4 --write
@@ -41,6 +42,7 @@ else
 	cd bench && ../$(BIN)/python planning.py --write
 	cd bench && ../$(BIN)/python hbp_packing.py --write
 	cd bench && ../$(BIN)/python quality_matrix.py --write
+	cd bench && ../$(BIN)/python exact_gap.py --write
 	cd bench && ../$(BIN)/python train_throughput.py --write
 	cd bench && ../$(BIN)/python chunk_memory.py --write
 	cd bench && ../$(BIN)/python cp_overlap.py --write

@@ -43,7 +43,7 @@ def main() -> None:
                 for name, r in res["planners"].items():
                     rows.append((model, f"DP{dp}xCP{cp}", workload, name, f"{r['step_time_s']:.3f}",
                                  r["efficiency"], r["speedup"], r["dbr"], r["abr"], r["cr"], r["pr"], r["oom_steps"]))
-                best = min(res["planners"].items(), key=lambda kv: kv[1]["step_time_s"])
+                best = max(res["planners"].items(), key=lambda kv: kv[1]["speedup"])
                 print(f"{model} DP{dp}xCP{cp} {workload}: best {best[0]} {best[1]['speedup']:.2f}x", flush=True)
     if args.write:
         body = ("| model | layout | workload | planner | step s | efficiency | vs fixed_cp | DBR | ABR | CR | PR "
