@@ -41,7 +41,8 @@ def _args(tmp_path, ga):
                                           dataloader_num_workers=0, seed=0)
 
 
-def test_hf_parity_packed_trainer_step_equals_plain_trainer(tmp_path):
+@pytest.mark.parametrize("planner", ["skrull", "unified"])
+def test_hf_parity_packed_trainer_step_equals_plain_trainer(tmp_path, planner):
     plain_model = _model()
     grab = _Grab(plain_model)
     ds = _dataset()
@@ -53,7 +54,7 @@ def test_hf_parity_packed_trainer_step_equals_plain_trainer(tmp_path):
     grab2 = _Grab(packed_model)
     trainer = LongpackTrainer(model=packed_model, args=_args(tmp_path / "packed", 1),
                               train_dataset=ds.remove_columns("labels"), callbacks=[grab2],
-                              longpack=LongpackConfig(planner="skrull", global_batch=len(LENGTHS), token_cap=128))
+                              longpack=LongpackConfig(planner=planner, global_batch=len(LENGTHS), token_cap=128))
     assert len(trainer.plan.steps) == 1 and trainer.args.gradient_accumulation_steps < len(LENGTHS)
     trainer.train()
     plain_loss = next(x["loss"] for x in plain.state.log_history if "loss" in x)

@@ -153,10 +153,17 @@ class LongpackMixin:
         lengths = np.array([len(r) for r in dataset["input_ids"]], dtype=np.int64)
         cost = CostModel(_spec(model.config), load_hardware(self.lp.hardware),
                          TrainConfig(dp=world, cp=1, token_cap=self.lp.token_cap))
-        ctx = PlanContext(cost=cost, seed=self.lp.seed, options=dict(self.lp.options))
+        options = dict(self.lp.options)
+        if self.lp.planner == "unified":
+            options.setdefault("degrees", "1")  # this path runs no context parallelism: every step at CP 1
+        ctx = PlanContext(cost=cost, seed=self.lp.seed, options=options)
         batches = global_batches(len(lengths), self.lp.global_batch, seed=self.lp.seed)
         plan = get_planner(self.lp.planner).plan(lengths, batches, ctx, overlong="error")
         plan.validate()
+        wide = next((s.cp for s in plan.steps if s.cp > 1), None)
+        if wide is not None:
+            raise ValueError(f"LongpackTrainer: planner {self.lp.planner!r} made a step with CP degree {wide}; the "
+                             "Hugging Face path runs CP 1 only (use longpack train for context parallelism)")
         return plan
 
     def get_train_dataloader(self) -> DataLoader:
