@@ -53,8 +53,8 @@ def main() -> None:
                             f"{pr:.3f} | {o} |" for m, lay, w, p, t, e, s, d, a, c, pr, o in rows)
                 + f"\n\nH100 cost model, {args.samples:,} samples per workload, {args.steps} global batches of "
                 "64 x DP sequences; the same batches for every planner (HBP regroups their samples into its own "
-                "steps, so its step time is per its steps; the speedup compares the time to train the same "
-                "samples).")
+                "steps, often fewer, so its step time is per its steps and part of its speedup — the time to train "
+                "the same samples — comes from taking fewer optimizer steps).")
         write_section("quality_matrix", "Quality matrix (simulated)",
                       f"python bench/quality_matrix.py --steps {args.steps} --samples {args.samples} --write", body)
 
