@@ -51,153 +51,195 @@ def optimal_step(lengths: np.ndarray, cost: CostModel, *, micro_batches: int | N
     from scipy.sparse import lil_matrix
 
     s = np.asarray(lengths, dtype=np.int64)
-    n, dp, cp, k = s.size, cost.cfg.dp, cost.cfg.cp, cost.cfg.ckpt_layers
-    if n == 0:
+    if s.size == 0:
         return ExactResult(0.0, "optimal", 0, ())
-    if n > limit:
-        raise ValueError(f"exact optimum: {n} samples > limit {limit}; the MILP is for small batches")
-    if cost.cfg.pp > 1:
-        raise ValueError("exact optimum: pipeline parallelism (--pp > 1) is outside the program's scope")
-    cap = cost.token_cap()
-    shard_tok = -(-s // cp)
-    if np.any(shard_tok > cap) or (cp == 1 and np.any(s > cap)):
-        raise ValueError(f"exact optimum: a sample of {int(s.max())} tokens needs a chunk chain (cap {cap} x cp {cp})")
-    m_min = max(1, math.ceil(int(np.minimum(s, shard_tok * cp).sum()) / (dp * cp * cap)))
-    M = micro_batches or m_min + 1
-    causal = cost.cfg.causal_factor
-    sf = s.astype(np.float64)
-    pairs = causal * sf * sf
-    c_tok = float(cost.linear_s(1.0, k, ideal=True))  # linear seconds per token
-    gemm_loss = float(cost.linear_s(1.0, k)) - c_tok
-    own = c_tok * sf + np.asarray(cost.attn_s(pairs, sf, k)) + float(cost.docs_s(1))
-    share = (c_tok * shard_tok + np.asarray(cost.attn_s(pairs / cp, sf / (2 * cp) if cp > 1 else sf, k))
-             + float(cost.docs_s(2)))
-    can_local = s <= cap
-    can_shard = np.full(n, cp > 1)
-    seg_lo, seg_hi, seg_val, seg_slope = _comm_segments(cost, float(s.sum()))
-    Q = len(seg_lo)
-
-    # --- variable layout ----------------------------------------------------------------------------------------
-    idx = 0
-
-    def block(size: int) -> int:
-        nonlocal idx
-        start, idx = idx, idx + size
-        return start
-
-    X = block(n * dp * M * cp)
-    Y = block(n * dp * M)
-    U = block(dp * M * cp)
-    V = block(dp * M)
-    Z = block(dp * M * Q)
-    W = block(dp * M * Q)
-    C = block(dp * M)
-    TR = block(dp * M * cp)
-    TAU = block(dp * M)
-    T = block(1)
-    nv = idx
-
-    def x(i, r, m, j): return X + ((i * dp + r) * M + m) * cp + j
-    def y(i, r, m): return Y + (i * dp + r) * M + m
-    def u(r, m, j): return U + (r * M + m) * cp + j
-    def v(r, m): return V + r * M + m
-    def z(r, m, q): return Z + (r * M + m) * Q + q
-    def w(r, m, q): return W + (r * M + m) * Q + q
-    def c(r, m): return C + r * M + m
-    def t(r, m, j): return TR + (r * M + m) * cp + j
-    def tau(r, m): return TAU + r * M + m
-
-    lo = np.zeros(nv)
-    hi = np.full(nv, np.inf)
-    integrality = np.zeros(nv)
-    integrality[X:C] = 1
-    integrality[W:W + dp * M * Q] = 0
-    hi[X:C] = 1
-    hi[W:W + dp * M * Q] = np.inf
-    for i in range(n):
-        if not can_local[i]:
-            for r in range(dp):
-                for m in range(M):
-                    for j in range(cp):
-                        hi[x(i, r, m, j)] = 0
-        if not can_shard[i]:
-            for r in range(dp):
-                for m in range(M):
-                    hi[y(i, r, m)] = 0
-
-    rows: list[tuple[dict[int, float], float, float]] = []
-    for i in range(n):  # every sample placed once
-        row = {x(i, r, m, j): 1.0 for r in range(dp) for m in range(M) for j in range(cp)}
-        row.update({y(i, r, m): 1.0 for r in range(dp) for m in range(M)})
-        rows.append((row, 1.0, 1.0))
-    for r in range(dp):
-        for m in range(M):
-            xs = {w(r, m, q): 1.0 for q in range(Q)}  # X[r,m] = Σ_q w = Σ_i s_i y
-            for i in range(n):
-                xs[y(i, r, m)] = -float(s[i])
-            rows.append((xs, 0.0, 0.0))
-            rows.append(({z(r, m, q): 1.0 for q in range(Q)}, -np.inf, 1.0))
-            for q in range(Q):
-                rows.append(({w(r, m, q): 1.0, z(r, m, q): -seg_hi[q]}, -np.inf, 0.0))
-                rows.append(({w(r, m, q): 1.0, z(r, m, q): -seg_lo[q]}, 0.0, np.inf))
-            comm = {c(r, m): 1.0}
-            for q in range(Q):
-                comm[z(r, m, q)] = -(seg_val[q] - seg_slope[q] * seg_lo[q])
-                comm[w(r, m, q)] = -seg_slope[q]
-            rows.append((comm, 0.0, 0.0))
-            for j in range(cp):
-                mem = {x(i, r, m, j): float(s[i]) for i in range(n)}
-                mem.update({y(i, r, m): float(shard_tok[i]) for i in range(n)})
-                rows.append((mem, -np.inf, float(cap)))
-                for i in range(n):
-                    rows.append(({u(r, m, j): 1.0, x(i, r, m, j): -1.0}, 0.0, np.inf))
-                    rows.append(({u(r, m, j): 1.0, y(i, r, m): -1.0}, 0.0, np.inf))
-                rows.append(({v(r, m): 1.0, u(r, m, j): -1.0}, 0.0, np.inf))
-                dist = {y(i, r, m): -float(share[i]) for i in range(n)}
-                dist[u(r, m, j)] = -gemm_loss
-                with_comm = dict(dist)
-                with_comm[t(r, m, j)] = 1.0
-                with_comm[c(r, m)] = -1.0
-                rows.append((with_comm, 0.0, np.inf))
-                with_own = dict(dist)
-                with_own[t(r, m, j)] = 1.0
-                for i in range(n):
-                    with_own[x(i, r, m, j)] = -float(own[i])
-                rows.append((with_own, 0.0, np.inf))
-                rows.append(({tau(r, m): 1.0, t(r, m, j): -1.0, v(r, m): -cost.fixed_s}, 0.0, np.inf))
-        span = {T: 1.0}
-        for m in range(M):
-            span[tau(r, m)] = -1.0
-        rows.append((span, 0.0, np.inf))
-    A = lil_matrix((len(rows), nv))
+    terms = _Terms(s, cost, micro_batches, limit)
+    idx = _Index(s.size, cost.cfg.dp, terms.M, cost.cfg.cp, len(terms.seg_lo))
+    lo, hi, integrality = _variable_bounds(idx, terms)
+    rows = _rows(idx, terms, cost.fixed_s)
+    A = lil_matrix((len(rows), idx.size))
     lb = np.empty(len(rows))
     ub = np.empty(len(rows))
     for row_i, (coeffs, a, b) in enumerate(rows):
         for col, val in coeffs.items():
             A[row_i, col] = val
         lb[row_i], ub[row_i] = a, b
-    obj = np.zeros(nv)
-    obj[T] = 1.0
+    obj = np.zeros(idx.size)
+    obj[idx.T] = 1.0
     res = milp(obj, constraints=LinearConstraint(A.tocsr(), lb, ub), integrality=integrality, bounds=Bounds(lo, hi),
                options={"time_limit": time_limit_s, "disp": False})
     if res.x is None:
         raise ValueError(f"exact optimum: HiGHS found no plan ({res.message})")
-    sol = res.x
-    placement = []
-    for i in range(n):
-        where: tuple[int, int, int | None] | None = None
-        for r in range(dp):
-            for m in range(M):
-                if sol[y(i, r, m)] > 0.5:
-                    where = (r, m, None)
-                for j in range(cp):
-                    if sol[x(i, r, m, j)] > 0.5:
-                        where = (r, m, j)
-        assert where is not None
-        placement.append(where)
     status = "optimal" if res.status == 0 else res.message
-    value = float(sol[T]) if res.status == 0 else float(getattr(res, "mip_dual_bound", sol[T]))
-    return ExactResult(value + cost.grad_allreduce_s(), status, M, tuple(placement))
+    value = float(res.x[idx.T]) if res.status == 0 else float(getattr(res, "mip_dual_bound", res.x[idx.T]))
+    return ExactResult(value + cost.grad_allreduce_s(), status, terms.M, _placement(res.x, idx))
+
+
+class _Terms:
+    """The program's data: per-sample seconds and tokens, the token cap, M, the exchange's linear pieces."""
+
+    def __init__(self, s: np.ndarray, cost: CostModel, micro_batches: int | None, limit: int) -> None:
+        n, dp, cp, k = s.size, cost.cfg.dp, cost.cfg.cp, cost.cfg.ckpt_layers
+        if n > limit:
+            raise ValueError(f"exact optimum: {n} samples > limit {limit}; the MILP is for small batches")
+        if cost.cfg.pp > 1:
+            raise ValueError("exact optimum: pipeline parallelism (--pp > 1) is outside the program's scope")
+        self.cap = cap = cost.token_cap()
+        self.s = s
+        self.shard_tok = shard_tok = -(-s // cp)
+        if np.any(shard_tok > cap) or (cp == 1 and np.any(s > cap)):
+            raise ValueError(f"exact optimum: a sample of {int(s.max())} tokens needs a chunk chain "
+                             f"(cap {cap} x cp {cp})")
+        m_min = max(1, math.ceil(int(np.minimum(s, shard_tok * cp).sum()) / (dp * cp * cap)))
+        self.M = micro_batches or m_min + 1
+        sf = s.astype(np.float64)
+        pairs = cost.cfg.causal_factor * sf * sf
+        c_tok = float(cost.linear_s(1.0, k, ideal=True))  # linear seconds per token
+        self.gemm_loss = float(cost.linear_s(1.0, k)) - c_tok
+        self.own = c_tok * sf + np.asarray(cost.attn_s(pairs, sf, k)) + float(cost.docs_s(1))
+        self.share = (c_tok * shard_tok + np.asarray(cost.attn_s(pairs / cp, sf / (2 * cp) if cp > 1 else sf, k))
+                      + float(cost.docs_s(2)))
+        self.can_local = s <= cap
+        self.can_shard = cp > 1
+        self.seg_lo, self.seg_hi, self.seg_val, self.seg_slope = _comm_segments(cost, float(s.sum()))
+
+
+class _Index:
+    """Column of every variable: x, y (placement), u, v (rank / micro-batch in use), z, w (exchange segment and
+    its tokens), c (exchange seconds), t (rank time), tau (micro-batch time), T (the step)."""
+
+    def __init__(self, n: int, dp: int, M: int, cp: int, Q: int) -> None:
+        self.n, self.dp, self.M, self.cp, self.Q = n, dp, M, cp, Q
+        sizes = {"X": n * dp * M * cp, "Y": n * dp * M, "U": dp * M * cp, "V": dp * M, "Z": dp * M * Q,
+                 "W": dp * M * Q, "C": dp * M, "TR": dp * M * cp, "TAU": dp * M, "T": 1}
+        start = 0
+        self.at: dict[str, int] = {}
+        for name, size in sizes.items():
+            self.at[name] = start
+            start += size
+        self.size = start
+        self.T = self.at["T"]
+
+    def x(self, i: int, r: int, m: int, j: int) -> int:
+        return self.at["X"] + ((i * self.dp + r) * self.M + m) * self.cp + j
+
+    def y(self, i: int, r: int, m: int) -> int:
+        return self.at["Y"] + (i * self.dp + r) * self.M + m
+
+    def u(self, r: int, m: int, j: int) -> int:
+        return self.at["U"] + (r * self.M + m) * self.cp + j
+
+    def v(self, r: int, m: int) -> int:
+        return self.at["V"] + r * self.M + m
+
+    def z(self, r: int, m: int, q: int) -> int:
+        return self.at["Z"] + (r * self.M + m) * self.Q + q
+
+    def w(self, r: int, m: int, q: int) -> int:
+        return self.at["W"] + (r * self.M + m) * self.Q + q
+
+    def c(self, r: int, m: int) -> int:
+        return self.at["C"] + r * self.M + m
+
+    def t(self, r: int, m: int, j: int) -> int:
+        return self.at["TR"] + (r * self.M + m) * self.cp + j
+
+    def tau(self, r: int, m: int) -> int:
+        return self.at["TAU"] + r * self.M + m
+
+    def slots(self) -> list[tuple[int, int]]:
+        return [(r, m) for r in range(self.dp) for m in range(self.M)]
+
+
+def _variable_bounds(idx: _Index, terms: _Terms) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lower, upper, integrality): placement and indicator columns binary, the rest continuous and >= 0;
+    placements a sample cannot take (over the cap, or sharding at cp 1) fixed at 0."""
+    lo = np.zeros(idx.size)
+    hi = np.full(idx.size, np.inf)
+    integrality = np.zeros(idx.size)
+    binary = slice(idx.at["X"], idx.at["W"])  # x, y, u, v, z
+    integrality[binary] = 1
+    hi[binary] = 1
+    for i in range(idx.n):
+        for r, m in idx.slots():
+            if not terms.can_local[i]:
+                for j in range(idx.cp):
+                    hi[idx.x(i, r, m, j)] = 0
+            if not terms.can_shard:
+                hi[idx.y(i, r, m)] = 0
+    return lo, hi, integrality
+
+
+def _rows(idx: _Index, terms: _Terms, fixed_s: float) -> list[tuple[dict[int, float], float, float]]:
+    """Every constraint as (coefficients, lower, upper); see the module docstring for their meaning."""
+    n, cp, Q, s = idx.n, idx.cp, idx.Q, terms.s
+    rows: list[tuple[dict[int, float], float, float]] = []
+    for i in range(n):  # every sample placed once
+        row = {idx.x(i, r, m, j): 1.0 for r, m in idx.slots() for j in range(cp)}
+        row.update({idx.y(i, r, m): 1.0 for r, m in idx.slots()})
+        rows.append((row, 1.0, 1.0))
+    for r, m in idx.slots():
+        tokens = {idx.w(r, m, q): 1.0 for q in range(Q)}  # X[r,m] = Σ_q w = Σ_i s_i y
+        tokens.update({idx.y(i, r, m): -float(s[i]) for i in range(n)})
+        rows.append((tokens, 0.0, 0.0))
+        rows.append(({idx.z(r, m, q): 1.0 for q in range(Q)}, -np.inf, 1.0))
+        for q in range(Q):
+            rows.append(({idx.w(r, m, q): 1.0, idx.z(r, m, q): -terms.seg_hi[q]}, -np.inf, 0.0))
+            rows.append(({idx.w(r, m, q): 1.0, idx.z(r, m, q): -terms.seg_lo[q]}, 0.0, np.inf))
+        comm = {idx.c(r, m): 1.0}
+        for q in range(Q):
+            comm[idx.z(r, m, q)] = -(terms.seg_val[q] - terms.seg_slope[q] * terms.seg_lo[q])
+            comm[idx.w(r, m, q)] = -terms.seg_slope[q]
+        rows.append((comm, 0.0, 0.0))
+        for j in range(cp):
+            rows += _rank_rows(idx, terms, fixed_s, r, m, j)
+    for r in range(idx.dp):
+        span = {idx.T: 1.0}
+        span.update({idx.tau(r, m): -1.0 for m in range(idx.M)})
+        rows.append((span, 0.0, np.inf))
+    return rows
+
+
+def _rank_rows(idx: _Index, terms: _Terms, fixed_s: float, r: int, m: int, j: int
+               ) -> list[tuple[dict[int, float], float, float]]:
+    """Memory, in-use indicators and Eq. 2 time of rank j in micro-batch m of replica r."""
+    n = idx.n
+    rows: list[tuple[dict[int, float], float, float]] = []
+    mem = {idx.x(i, r, m, j): float(terms.s[i]) for i in range(n)}
+    mem.update({idx.y(i, r, m): float(terms.shard_tok[i]) for i in range(n)})
+    rows.append((mem, -np.inf, float(terms.cap)))
+    for i in range(n):
+        rows.append(({idx.u(r, m, j): 1.0, idx.x(i, r, m, j): -1.0}, 0.0, np.inf))
+        rows.append(({idx.u(r, m, j): 1.0, idx.y(i, r, m): -1.0}, 0.0, np.inf))
+    rows.append(({idx.v(r, m): 1.0, idx.u(r, m, j): -1.0}, 0.0, np.inf))
+    dist = {idx.y(i, r, m): -float(terms.share[i]) for i in range(n)}
+    dist[idx.u(r, m, j)] = -terms.gemm_loss
+    with_comm = dict(dist)
+    with_comm[idx.t(r, m, j)] = 1.0
+    with_comm[idx.c(r, m)] = -1.0
+    rows.append((with_comm, 0.0, np.inf))
+    with_own = dict(dist)
+    with_own[idx.t(r, m, j)] = 1.0
+    with_own.update({idx.x(i, r, m, j): -float(terms.own[i]) for i in range(n)})
+    rows.append((with_own, 0.0, np.inf))
+    rows.append(({idx.tau(r, m): 1.0, idx.t(r, m, j): -1.0, idx.v(r, m): -fixed_s}, 0.0, np.inf))
+    return rows
+
+
+def _placement(sol: np.ndarray, idx: _Index) -> tuple[tuple[int, int, int | None], ...]:
+    """(replica, micro-batch, rank or None = sharded) of every sample in a solution."""
+    out = []
+    for i in range(idx.n):
+        where: tuple[int, int, int | None] | None = None
+        for r, m in idx.slots():
+            if sol[idx.y(i, r, m)] > 0.5:
+                where = (r, m, None)
+            for j in range(idx.cp):
+                if sol[idx.x(i, r, m, j)] > 0.5:
+                    where = (r, m, j)
+        assert where is not None
+        out.append(where)
+    return tuple(out)
 
 
 def _comm_segments(cost: CostModel, max_tokens: float) -> tuple[list[float], list[float], list[float], list[float]]:
