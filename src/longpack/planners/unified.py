@@ -1,14 +1,15 @@
 """Unified scheduler: one cost-driven search over how a global batch runs, instead of one paper's fixed recipe.
 
 Per global batch the planner enumerates a few discrete knobs, turns each combination into a Step with one greedy
-placement, scores it with the simulator on the same cost model, and keeps the fastest that fits memory (ties:
-the earlier candidate, so the result is deterministic).
+placement, scores it with the simulator on the same cost model, refines the best layout of each of the three best
+CP degrees by local search on simulated times, and keeps the fastest that fits memory (ties: the earlier
+candidate, so the result is deterministic).
 
 Knobs (each is one paper's lever, made a choice instead of a fixed setting):
 
 * **CP degree** d of the step, over the divisors of ``--cp`` (HBP's per-group SP degree), and wider groups
-  (2·cp, 4·cp, ... dividing the world) while the longest sample's share would still exceed the mean rank load:
-  world/d replicas.
+  (2·cp, 4·cp, ... dividing the world) while the longest sample's share plus its K/V exchange at the previous
+  degree still exceeds a quarter of the mean rank load: world/d replicas.
 * **Checkpointing** k: the configured layers, or the fewest that let the longest sample sit sharded whole
   without a chain (HBP's checkpointing where it pays). Only the micro-batches holding such long samples use k;
   the others keep the configured layers and pay no recompute.
@@ -27,17 +28,21 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
 3. per replica, the fewest micro-batches m that hold every rank's tokens within B: sharded samples dealt over the
    m micro-batches (heaviest first, to the lightest micro-batch with room), then each rank's own samples to the
    micro-batch that is lightest after adding in Eq. 2 terms (own work up to the micro-batch's K/V exchange time
-   is free); if one does not fit anywhere, m + 1. Chains follow, each contiguous and in order.
+   is free); if one does not fit anywhere, m + 1. Big samples (sharded whole only with more checkpointing) get
+   micro-batches of their own, then chains follow, each contiguous and in order;
+4. refine (pp = 1): on the slowest replica's busiest rank, shard its largest own sample, or move an own sample to
+   the fastest replica's idlest rank; a move stays only if the slowest replica gets faster in the simulator.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
 α = ∞) — plain cost-balanced packing with memory-forced sharding — is always evaluated, so the result is never
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
-Cost: C candidates × (O(n log n + n·m) placement + O(pieces) simulation), C ≤ |divisors(cp)| · 3 · 4 · 4, fewer
-after removing candidates that give the same placement; the median per 256-sample batch is in
-docs/BENCHMARKS.md (bench/planning.py). Options: ``degrees`` (comma-separated CP degrees to consider, default
-all divisors of --cp), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none), ``shard_chains``
+Cost: C candidates × (O(n log n + n·m) placement + O(pieces) simulation) + 3 × ``refine`` moves × O(pieces of two
+replicas); C ≤ |degrees| · 2 · 4 · 4, fewer after removing candidates that give the same placement; 41 ms median
+per 256-sample batch at DP4·CP8 (bench/planning.py, docs/BENCHMARKS.md). Options: ``degrees`` (comma-separated CP
+degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none),
+``refine`` (local-search moves, default 32; 0 turns it off), ``shard_chains``
 (0: chains only at CP degree 1 — what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
 """
 
@@ -136,7 +141,8 @@ class Unified(Planner):
     @staticmethod
     def _degrees(batch: Batch, ctx: PlanContext) -> list[int]:
         """Divisors of --cp, plus larger CP groups (2·cp, 4·cp, ... dividing the world) while the longest sample's
-        share at the previous degree still exceeds the mean rank load: only then can a wider group help."""
+        share and exchange at the previous degree still exceed a quarter of the mean rank load (a wider group
+        then shortens the longest unit, or lets its exchange hide under the other ranks' work)."""
         cp, world, cost = ctx.cp, ctx.world, ctx.cost
         out = [d for d in range(cp, 0, -1) if cp % d == 0]
         s = batch.lengths.astype(np.float64)
