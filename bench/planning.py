@@ -60,13 +60,12 @@ def main() -> None:
         tracemalloc.stop()
         note = "" if len(part) == len(batches) else f" (scaled from {len(part)} batches)"
         mem_note = "" if len(traced) == len(batches) else f" ({len(traced)} batches)"
-        rows.append((name, median * 1e3, epoch, peak, note + "|" + mem_note))
+        rows.append((name, median * 1e3, epoch, peak, note, mem_note))
         print(f"{name:14s} {rows[-1][1]:8.3f} ms/batch  {epoch:7.2f} s/epoch{note}  {peak:8.1f} MiB{mem_note}",
               flush=True)
     if args.write:
         body = ("| planner | ms per global batch (median) | s per epoch | peak MiB (epoch) |\n|---|---|---|---|\n"
-                + "\n".join(f"| {n} | {b:.3f} | {e:.2f}{note.split('|')[0]} | {p:.0f}{note.split('|')[1]} |"
-                            for n, b, e, p, note in rows)
+                + "\n".join(f"| {n} | {b:.3f} | {e:.2f}{note} | {p:.0f}{mem} |" for n, b, e, p, note, mem in rows)
                 + f"\n\nEpoch = {args.samples:,} lmsys-chat-1m samples in {len(batches):,} global batches of 256; "
                 "one process, one core busy. Peak memory is what tracemalloc sees (Python objects and numpy "
                 "buffers) during planning, lengths excluded.")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -244,6 +245,13 @@ class CostModel:
         free = self.hw.memory_bytes - self.hw.reserve_gib * 2**30 - self.static_bytes
         per_token = self.hw.fragmentation * self.act_bytes_per_token(ckpt_layers)
         return max(0, int(math.floor(free / per_token)))
+
+    @cached_property
+    def token_caps(self) -> np.ndarray:
+        """``token_cap(k)`` for k = 0 .. layers of this stage (computed once; bounds and planners read it often)."""
+        caps = np.array([self.token_cap(k) for k in range(self.layers + 1)], dtype=np.float64)
+        caps.flags.writeable = False
+        return caps
 
     def min_ckpt_for(self, tokens: float) -> int | None:
         """Fewest checkpointed layers with ``token_cap >= tokens``; None when even full checkpointing fails."""

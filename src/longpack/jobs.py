@@ -22,7 +22,7 @@ from .hardware import load_hardware
 from .model import get_model
 from .plan import Plan
 from .planners import PlanContext, get_planner, global_batches
-from .sim import plan_metrics, simulate
+from .sim import SimReport, plan_metrics, simulate
 from .sources import load_lengths
 from .workloads import generate, get_workload
 
@@ -112,9 +112,9 @@ def run_plan(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
     return plan, seconds
 
 
-def summarize(plan: Plan, cost: CostModel) -> dict[str, Any]:
-    """Simulated time, efficiency, metrics and memory of one plan."""
-    report = simulate(plan, cost)
+def summarize(plan: Plan, cost: CostModel, report: SimReport | None = None) -> dict[str, Any]:
+    """Simulated time, efficiency, metrics and memory of one plan (``report``: its simulation, if already run)."""
+    report = report or simulate(plan, cost)
     m = plan_metrics(plan)
     return {"step_time_s": report.mean_step_s, "total_s": report.total_s, "efficiency": report.efficiency,
             "gap_to_bound": 1.0 / report.efficiency - 1.0 if report.efficiency > 0 else float("inf"),
@@ -134,11 +134,12 @@ def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]
     cost = build_cost(spec)
     results: dict[str, dict[str, Any]] = {}
     overlong: dict[str, Any] = {}
-    plans: dict[str, Plan] = {}
+    plans: dict[str, tuple[Plan, SimReport]] = {}
     for name in names:
         plan, seconds = run_plan(name, lengths, spec, cost, default_max_len)
-        results[name] = summarize(plan, cost) | {"plan_seconds": seconds}
-        plans[name] = plan
+        report = simulate(plan, cost)
+        results[name] = summarize(plan, cost, report) | {"plan_seconds": seconds}
+        plans[name] = (plan, report)
         overlong = dict(plan.meta["overlong"])
         overlong["scheduled_samples"] = len(plan.lengths)
     # speedup = time to train the same samples (HBP regroups them into its own, more numerous steps, so a ratio of
@@ -156,7 +157,7 @@ EXACT_STEPS = 4
 
 
 def _exact_gaps(lengths: np.ndarray, spec: RunSpec, cost: CostModel, results: dict[str, dict[str, Any]],
-                plans: dict[str, Plan], default_max_len: int | None) -> dict[str, Any]:
+                plans: dict[str, tuple[Plan, SimReport]], default_max_len: int | None) -> dict[str, Any]:
     """Optimal step times (sim/exact.py) of the first few steps small enough for the MILP, and each planner's
     ``gap_to_optimum`` on them: Σ its step times / Σ optimal − 1. None where no step qualifies."""
     from .sim.exact import EXACT_LIMIT, optimal_step
@@ -183,12 +184,11 @@ def _exact_gaps(lengths: np.ndarray, spec: RunSpec, cost: CostModel, results: di
     if not chosen:
         return {"steps": 0, "note": why}
     opt = sum(t for _, t in chosen)
-    for name, plan in plans.items():
+    for name, (plan, rep) in plans.items():
         # a planner that regroups samples into its own steps (HBP) did not run these batches: no gap
         if any(i >= len(plan.steps) or {p.sample for r in plan.steps[i].replicas for mb in r.micro_batches
                                         for p in mb.pieces} != set(batches[i].tolist()) for i, _ in chosen):
             continue
-        rep = simulate(plan, cost)
         mine = sum(rep.steps[i].time_s for i, _ in chosen)
         results[name]["gap_to_optimum"] = mine / opt - 1.0
     return {"steps": len(chosen), "optimal_step_s": opt / len(chosen),

@@ -43,8 +43,7 @@ __all__ = ["sample_work", "step_lower_bound", "min_ckpt", "per_micro_batch_s", "
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
     """Fewest checkpointed layers that let each length sit whole on one rank; -1 where none does (vectorised
     :meth:`CostModel.min_ckpt_for`)."""
-    caps = np.array([cost.token_cap(k) for k in range(cost.layers + 1)], dtype=np.float64)
-    caps = np.maximum.accumulate(caps)  # more checkpointing never lowers the cap
+    caps = np.maximum.accumulate(cost.token_caps)  # more checkpointing never lowers the cap
     k = np.searchsorted(caps, np.asarray(lengths, dtype=np.float64), side="left")
     return np.where(k <= cost.layers, k, -1)
 
@@ -76,7 +75,7 @@ def sample_work(lengths: np.ndarray, cost: CostModel, split_len: int | None = No
     # checkpointed: at least min over k of fwd·((s − cap(k))⁺ + (k/L)·min(s, cap(k))).
     fwd = lin / (3.0 * np.maximum(s, 1.0))  # linear forward seconds per token
     ks = np.arange(cost.layers + 1)
-    caps = np.array([cost.token_cap(int(k)) for k in ks], dtype=np.float64)
+    caps = cost.token_caps
     again = np.maximum(s[:, None] - caps[None, :], 0.0) + ks[None, :] / cost.layers * np.minimum(s[:, None], caps)
     chain = lin + fwd * again.min(axis=1) + np.asarray(cost.attn_s(pairs, piece, 0))
     work = np.minimum(work, chain)
