@@ -18,7 +18,8 @@ Invariants (:meth:`Plan.validate`; messages name step, replica, micro-batch and 
 2. Capacity: per micro-batch and CP rank, local tokens + ceil(tokens/cp) of each sharded piece <= the step's
    token cap (padded micro-batches count their padding).
 3. Chunk order: all pieces of a sample sit in one replica of one step, at most one per micro-batch, with
-   ``start`` increasing along the replica's micro-batches.
+   ``start`` increasing along the replica's micro-batches, and all with the same ``cp_rank`` (a chain's K/V
+   state stays where it was made: sharded over the group, or on one CP rank).
 4. Shape: ``cp`` divides ``world``; world // cp replicas per step, all with the same micro-batch count.
 5. Determinism: :meth:`Plan.to_json` is canonical (sorted keys, no floats from planning), so equal plans are
    byte-identical.
@@ -44,6 +45,7 @@ from typing import Any, NamedTuple
 __all__ = ["Piece", "make_pieces", "MicroBatch", "Replica", "Step", "Plan", "PlanError", "FORMAT"]
 
 FORMAT = "longpack.plan/1"
+_Span = tuple[int, int, int, int, int, "int | None"]  # start, stop, step, replica, micro-batch, cp_rank
 
 
 class PlanError(ValueError):
@@ -145,7 +147,7 @@ class Plan:
     def validate(self) -> None:
         """Raise :class:`PlanError` naming the first broken invariant and where; return None when all hold."""
         self._check_header()
-        covered: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        covered: dict[int, list[_Span]] = {}
         for s, step in enumerate(self.steps):
             self._check_step_shape(s, step)
             for r, rep in enumerate(step.replicas):
@@ -153,7 +155,7 @@ class Plan:
                     where = f"step {s}, replica {r}, micro-batch {m}"
                     self._check_micro_batch(where, step, mb)
                     for p in mb.pieces:
-                        covered.setdefault(p.sample, []).append((p.start, p.stop, s, r, m))
+                        covered.setdefault(p.sample, []).append((p.start, p.stop, s, r, m, p.cp_rank))
         self._check_coverage_and_order(covered)
 
     def _check_header(self) -> None:
@@ -197,7 +199,7 @@ class Plan:
             if tokens > step.token_cap:
                 raise PlanError(f"{where}: CP rank {rank} holds {tokens} tokens > token cap {step.token_cap}")
 
-    def _check_coverage_and_order(self, covered: dict[int, list[tuple[int, int, int, int, int]]]) -> None:
+    def _check_coverage_and_order(self, covered: dict[int, list[_Span]]) -> None:
         for sample in self.lengths:
             need = self.effective_length(sample)
             spans = covered.get(sample, [])
@@ -208,10 +210,13 @@ class Plan:
             if not spans:
                 raise PlanError(f"sample {sample}: {need} tokens never scheduled and not in dropped")
             first = spans[0]
-            for *_, s, r, _m in spans:
+            for *_, s, r, _m, rank in spans:
                 if (s, r) != (first[2], first[3]):
                     raise PlanError(f"sample {sample}: pieces in step {first[2]} replica {first[3]} and step {s} "
                                     f"replica {r}; a sample's pieces must share one replica of one step")
+                if rank != first[5]:
+                    raise PlanError(f"sample {sample}: pieces with cp_rank {first[5]} and {rank}; a chain's K/V "
+                                    "state stays where it was made: all pieces sharded (None) or all on one CP rank")
             order = sorted(spans, key=lambda t: t[4])
             if [t[0] for t in order] != sorted(t[0] for t in order):
                 raise PlanError(f"sample {sample}: pieces not in increasing start order across micro-batches "

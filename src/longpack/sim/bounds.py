@@ -2,7 +2,7 @@
 
 For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md §5; used for efficiency):
 
-    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i) ) + T_fixed + T_gemm + T_allreduce
+    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i),  P ) + T_fixed + T_gemm + T_allreduce
 
 * ``W(s)``, the fewest GPU-seconds sample s can cost, the cheapest of: whole on one rank when memory allows (with
   the fewest checkpointed layers that make it fit); sharded over the CP group, whole or as a chain (cp ranks
@@ -18,13 +18,18 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
   cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). Since no micro-batch holds
   more than cap(L) tokens on a rank (full checkpointing), the ranks together pay h at least Σ s / cap(L) times:
   the spread term is also at least (Σ W + h·Σ s / cap(L)) / (dp·cp).
+* ``P``, two samples on one replica (:func:`pair_bound`): with r replicas, two of the r + 1 samples of largest
+  U share a replica, and the least any such pair can cost there is a bound (both sharded pay both shares and
+  the exchange of both; one sharded waits for its exchange or for the other's whole-rank work).
 * A step may use any CP degree (HBP and the unified planner change it per step): the bound is the least over the
   degrees the caller allows (the simulator passes every divisor of the world size).
 
 Why it is a bound: the simulator charges every rank at least the work of its pieces at these (ideal) rates plus,
 per micro-batch it holds tokens in, ``h = T_fixed + T_gemm``. If ``a`` ranks hold work, the busiest of them takes
 at least ``ΣW/a + h >= ΣW/(dp·cp) + h``; the rank that runs sample s takes at least ``U(s) + h``; every step ends
-with the gradient all-reduce. Cost: O(samples + layers).
+with the gradient all-reduce; two samples on one replica add up as in P. Cost: O(samples + layers + r²) per
+degree (the pair term is skipped above ``PAIR_LIMIT`` replicas). ``tests/test_bounds.py`` checks it against
+thousands of random valid plans and the MILP optimum (sim/exact.py).
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
 from ..cost import CostModel, attention_pairs
 
-__all__ = ["sample_work", "step_lower_bound", "min_ckpt", "per_micro_batch_s", "comm_minorant", "comm_lower"]
+__all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
+           "comm_minorant", "comm_lower"]
 
 
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -53,6 +60,23 @@ def sample_work(lengths: np.ndarray, cost: CostModel, split_len: int | None = No
     ``split_len``: the user's --max-len under --overlong split; no piece may be longer, so a longer sample can
     only run as a chain whose attention blocks hold at most split_len (local) or split_len/(2cp) (sharded)
     queries."""
+    f = sample_forms(lengths, cost, split_len)
+    return f.work, f.unit
+
+
+class Forms(NamedTuple):
+    """Per-sample lower bounds on this cost model: ``work`` (GPU-seconds), ``unit`` (time of the sample alone),
+    ``shard`` (one rank's compute when it runs sharded, whole or as a chain) and ``local`` (its time when all of
+    it runs on one rank, whole or as a chain)."""
+
+    work: np.ndarray
+    unit: np.ndarray
+    shard: np.ndarray
+    local: np.ndarray
+
+
+def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = None) -> Forms:
+    """The bounds of :class:`Forms` for each sample (see :func:`sample_work`)."""
     s = np.asarray(lengths, dtype=np.float64)
     cp = cost.cfg.cp
     pairs = np.asarray(attention_pairs(0, s, cost.cfg.causal_factor), dtype=np.float64)
@@ -80,6 +104,7 @@ def sample_work(lengths: np.ndarray, cost: CostModel, split_len: int | None = No
     chain = lin + fwd * again.min(axis=1) + np.asarray(cost.attn_s(pairs, piece, 0))
     work = np.minimum(work, chain)
     unit = np.minimum(unit, chain + h)
+    one_rank = chain.copy()
     # Whole on one rank, with the fewest checkpointed layers that fit.
     k = np.where(s <= piece, min_ckpt(s, cost), -1)
     for kk in np.unique(k[k >= 0]).tolist():
@@ -87,7 +112,8 @@ def sample_work(lengths: np.ndarray, cost: CostModel, split_len: int | None = No
         local = np.asarray(cost.linear_s(s[at], kk, ideal=True)) + np.asarray(cost.attn_s(pairs[at], s[at], kk))
         work[at] = np.minimum(work[at], local)
         unit[at] = np.minimum(unit[at], local)
-    return work, unit
+        one_rank[at] = np.minimum(one_rank[at], local)
+    return Forms(work, unit, shard, one_rank)
 
 
 def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
@@ -146,10 +172,46 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
     tokens = float(np.sum(lengths))
     for d in degrees or (cost.cfg.cp,):
         c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
-        work, unit = sample_work(lengths, c, split_len)
+        forms = sample_forms(lengths, c, split_len)
+        work, unit = forms.work, forms.unit
         h = per_micro_batch_s(c)
         # Every micro-batch holds at most cap(L) tokens per rank, so the ranks run >= Σ s / cap(L) of them.
         spread = max(float(work.sum()) / world + h, (float(work.sum()) + h * tokens / max(1, c.token_cap(c.layers)))
                      / world)
-        out = min(out, max(spread, float(unit.max()) + h) + c.grad_allreduce_s())
+        busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d))
+        out = min(out, busiest + c.grad_allreduce_s())
     return out
+
+
+PAIR_LIMIT = 256  # replicas up to which the pair bound is computed (O(replicas²) pairs)
+
+
+def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int) -> float:
+    """Busiest-replica time forced by two samples sharing a replica: with ``replicas`` replicas, two of the
+    replicas + 1 largest samples (by unit) share one (a sample's pieces all run on one replica, and all sharded
+    or all on one CP rank: Plan.validate), so the slowest replica takes at least the least, over those pairs, of
+
+    * both sharded: ``shard_a + shard_b + comm_lower(s_a + s_b) + h`` (every micro-batch holding a sharded piece
+      pays its exchange; summed over micro-batches the exchanges exceed the minorant of the total tokens);
+    * one sharded, the other on one rank: ``shard_a + max(comm_lower(s_a), local_b) + h`` (that rank waits for
+      the exchanges and for its own work, Eq. 2, and does a's share on top);
+    * both on ranks: ``max(local_a, local_b) + h`` (CP degree 1: one rank does both, ``work_a + work_b + h``).
+
+    Returns 0 when there are not more samples than replicas or more than ``PAIR_LIMIT`` replicas.
+    Cost: O(n + replicas²)."""
+    n = len(lengths)
+    if replicas >= n or replicas > PAIR_LIMIT:
+        return 0.0
+    h = per_micro_batch_s(cost)
+    top = np.argsort(-forms.unit, kind="stable")[: replicas + 1]
+    a, b = np.triu_indices(top.size, 1)
+    i, j = top[a], top[b]
+    if cost.cfg.cp <= 1:
+        return float(np.min(forms.work[i] + forms.work[j])) + h
+    s = np.asarray(lengths, dtype=np.float64)
+    sh, loc, cl = forms.shard, forms.local, comm_lower(s, cost)
+    both = sh[i] + sh[j] + comm_lower(s[i] + s[j], cost)
+    i_sh = sh[i] + np.maximum(cl[i], loc[j])
+    j_sh = sh[j] + np.maximum(cl[j], loc[i])
+    ranks = np.maximum(loc[i], loc[j])
+    return float(np.min(np.minimum(np.minimum(both, i_sh), np.minimum(j_sh, ranks)))) + h

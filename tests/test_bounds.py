@@ -1,0 +1,91 @@
+"""The lower bound against random valid plans: no plan the simulator accepts (within memory) may beat it."""
+
+import numpy as np
+import pytest
+from helpers import make_cost
+
+from longpack.plan import MicroBatch, Piece, Plan, PlanError, Replica, Step
+from longpack.sim import simulate
+from longpack.sim.bounds import pair_bound, sample_forms, step_lower_bound
+
+
+def _random_plan(rng: np.random.Generator, world: int, cap: int) -> tuple[Plan, int]:
+    """A random step: random CP degree, samples on random replicas, sharded or on a random rank, whole or as a
+    chain of pieces in increasing micro-batches, random checkpointing and recompute flags."""
+    degrees = [d for d in range(1, world + 1) if world % d == 0]
+    d = int(rng.choice(degrees))
+    n = int(rng.integers(2, 12))
+    lengths = rng.integers(50, 3 * cap, n)
+    depth = int(rng.integers(3, 7))
+    reps: list[list[list[Piece]]] = [[[] for _ in range(depth)] for _ in range(world // d)]
+    flags = [(int(rng.choice([0, 4, 24])), bool(rng.integers(0, 2))) for _ in range(depth)]
+    for sample, s in enumerate(lengths.tolist()):
+        g = int(rng.integers(0, world // d))
+        rank = None if d > 1 and rng.random() < 0.5 else int(rng.integers(0, d))
+        fewest = -(-s // (cap * d if rank is None else cap))  # pieces the token cap needs
+        parts = int(rng.integers(fewest, fewest + 2)) if fewest < depth else depth
+        bounds = np.linspace(0, s, parts + 1).round().astype(int).tolist()
+        first = int(rng.integers(0, depth - parts + 1))
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            reps[g][first + k].append(Piece(sample, a, b, rank))
+    step = Step(cp=d, token_cap=cap, replicas=tuple(
+        Replica(tuple(MicroBatch(tuple(p), ckpt_layers=f[0], recompute=f[1] and bool(p)) for p, f in
+                      zip(mbs, flags, strict=True))) for mbs in reps))
+    return Plan("random", world, dict(enumerate(lengths.tolist())), (step,)), d
+
+
+@pytest.mark.parametrize("model,layout", [("qwen2.5-0.5b", (2, 4)), ("qwen2.5-7b", (1, 8)), ("qwen2.5-0.5b", (4, 1)),
+                                          ("qwen2.5-7b", (2, 2))])
+def test_lower_bound_holds_for_random_plans(model, layout):
+    dp, cp = layout
+    cost = make_cost(model, "h100", dp=dp, cp=cp, token_cap=8000)
+    rng = np.random.default_rng(dp * 100 + cp)
+    checked = 0
+    for _ in range(1200):
+        plan, _ = _random_plan(rng, dp * cp, 8000)
+        try:
+            plan.validate()
+        except PlanError:
+            continue
+        rep = simulate(plan, cost).steps[0]
+        if rep.oom:
+            continue
+        checked += 1
+        assert rep.lower_bound_s <= rep.time_s * (1 + 1e-12), plan.to_json()
+    assert checked >= 100
+
+
+def test_validate_refuses_a_chain_split_over_two_cp_ranks():
+    step = Step(cp=2, token_cap=100, replicas=(Replica((MicroBatch((Piece(0, 0, 10, 0),)),
+                                                        MicroBatch((Piece(0, 10, 20, 1),)))),))
+    with pytest.raises(PlanError, match="sample 0: pieces with cp_rank 0 and 1"):
+        Plan("t", 2, {0: 20}, (step,)).validate()
+
+
+def test_pair_bound_two_long_samples_on_one_replica_cost_more_than_either():
+    """One replica of 8 ranks and two 60K samples: both must run there, so the bound exceeds the single-sample
+    unit; with two replicas of 4 they can be apart and the pair bound says nothing more."""
+    cost = make_cost("qwen2.5-0.5b", "h100", dp=1, cp=8)
+    x = np.array([60_000.0, 60_000.0])
+    forms = sample_forms(x, cost)
+    one = pair_bound(x, forms, cost, 1)
+    assert one > float(forms.unit.max()) + forms.shard[0]  # both shares on the same ranks, plus exchanges
+    assert pair_bound(x, forms, cost, 2) == 0.0  # as many replicas as samples: no pair is forced together
+    assert step_lower_bound(x, cost, degrees=[8]) >= one
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lower_bound_with_pairs_stays_below_the_exact_optimum(seed):
+    """Small batches where two long samples must share the only replica: the pair term lifts the bound above
+    the single-sample unit, and it still stays at or below the MILP's optimal step (sim/exact.py)."""
+    pytest.importorskip("scipy")
+    from longpack.sim.exact import optimal_step
+
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.integers(300, 4000, 5), rng.integers(20_000, 60_000, 2)]).astype(float)
+    cost = make_cost("qwen2.5-0.5b", "h100", dp=1, cp=4, token_cap=16_000)
+    res = optimal_step(x, cost)
+    assert res.status == "optimal"
+    forms = sample_forms(x, cost)
+    assert pair_bound(x, forms, cost, 1) > float(forms.unit.max()) + 1e-9
+    assert step_lower_bound(x, cost) <= res.time_s * (1 + 1e-9)
