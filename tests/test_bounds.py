@@ -89,3 +89,30 @@ def test_lower_bound_with_pairs_stays_below_the_exact_optimum(seed):
     forms = sample_forms(x, cost)
     assert pair_bound(x, forms, cost, 1) > float(forms.unit.max()) + 1e-9
     assert step_lower_bound(x, cost) <= res.time_s * (1 + 1e-9)
+
+
+def test_exchange_arrays_match_scalars_and_comm_floor_is_the_least_beyond():
+    """cp_comm_s over arrays equals the scalar path (intra- and inter-node groups); comm_floor is the least
+    exchange of any larger micro-batch, also on a table that dips (a calibrated file may)."""
+    from dataclasses import replace
+
+    from longpack.cost import CostModel
+    from longpack.sim.bounds import comm_floor
+
+    for cp in (4, 16):
+        cost = make_cost("qwen2.5-7b", "h100", dp=1, cp=cp)
+        x = np.geomspace(1.0, 5e6, 400)
+        assert np.allclose(cost.cp_comm_s(x), [cost.cp_comm_s(float(v)) for v in x], rtol=1e-12, atol=0)
+        assert np.array_equal(comm_floor(x, cost), cost.cp_comm_s(x, 0))  # the preset grows with size
+    base = make_cost("qwen2.5-7b", "h100", dp=1, cp=8)
+    ag = dict(base.hw.collectives["all_gather"])
+    ag[8] = ag[4] * 0.5  # a dip at 8 MiB
+    hw = replace(base.hw, collectives={**base.hw.collectives, "all_gather": tuple(sorted(ag.items()))})
+    cost = CostModel(base.model, hw, base.cfg)
+    x = np.geomspace(10.0, 2e5, 300)
+    grid = np.geomspace(10.0, 1e9, 20000)
+    comm = cost.cp_comm_s(grid, 0)
+    want = np.array([comm[grid >= v].min() for v in x])
+    got = comm_floor(x, cost)
+    assert np.all(got <= cost.cp_comm_s(x, 0)) and np.any(got < cost.cp_comm_s(x, 0))
+    assert np.all(got <= want * (1 + 1e-12))

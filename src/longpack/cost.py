@@ -162,9 +162,13 @@ class CostModel:
     # --- communication --------------------------------------------------------------------------------------
     def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None) -> float:
         """K/V exchange for ``sharded_tokens`` tokens sharded over the CP group in one micro-batch: per layer an
-        all-gather forward, an all-gather and a reduce-scatter backward, one more all-gather per recomputed layer."""
+        all-gather forward, an all-gather and a reduce-scatter backward, one more all-gather per recomputed layer.
+        ``sharded_tokens`` may be an array."""
         cp = self.cfg.cp
-        if cp <= 1 or sharded_tokens <= 0:
+        if np.ndim(sharded_tokens):
+            if cp <= 1:
+                return np.zeros(np.shape(sharded_tokens))
+        elif cp <= 1 or sharded_tokens <= 0:
             return 0.0
         k = self._k(ckpt_layers)
         nbytes = sharded_tokens * self._kv_bytes_per_token

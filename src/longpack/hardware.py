@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from .model import UnknownNameError
 
 __all__ = ["HardwareSpec", "HARDWARE_PRESETS", "get_hardware", "load_hardware", "SKRULL_H100_TABLE"]
@@ -104,8 +106,11 @@ class HardwareSpec:
 
         Piecewise-linear in size between measured points, flat at the smallest point (latency floor), linear
         beyond the largest with the last segment's slope. A group spanning several nodes pays the bandwidth part
-        at ``table_bus_gbps / inter_node_gbps`` times the cost. A group of one costs nothing.
+        at ``table_bus_gbps / inter_node_gbps`` times the cost. A group of one costs nothing. ``nbytes`` may be
+        an array (then an array of seconds comes back).
         """
+        if np.ndim(nbytes):
+            return self._collective_array(kind, np.asarray(nbytes, dtype=np.float64), group)
         if group <= 1 or nbytes <= 0:
             return 0.0
         rows = self.collectives[kind]
@@ -118,6 +123,21 @@ class HardwareSpec:
         if group > self.gpus_per_node:
             us = floor + (us - floor) * max(1.0, self.table_bus_gbps / self.inter_node_gbps)
         return us * 1e-6
+
+    def _collective_array(self, kind: str, nbytes: np.ndarray, group: int) -> np.ndarray:
+        """:meth:`collective_s` over an array of sizes (the same piecewise-linear table, vectorised)."""
+        if group <= 1:
+            return np.zeros_like(nbytes)
+        rows = self.collectives[kind]
+        xs, ys = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+        mb = nbytes / MB
+        us = np.interp(mb, xs, ys)  # flat at the floor below the first point
+        if len(rows) > 1:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            us = np.where(mb > xs[-1], ys[-1] + slope * (mb - xs[-1]), us)
+        if group > self.gpus_per_node:
+            us = ys[0] + (us - ys[0]) * max(1.0, self.table_bus_gbps / self.inter_node_gbps)
+        return np.where(nbytes > 0, us * 1e-6, 0.0)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

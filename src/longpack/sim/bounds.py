@@ -44,7 +44,7 @@ import numpy as np
 from ..cost import CostModel, attention_pairs
 
 __all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
-           "comm_minorant", "comm_lower"]
+           "comm_minorant", "comm_lower", "comm_floor"]
 
 
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -66,13 +66,15 @@ def sample_work(lengths: np.ndarray, cost: CostModel, split_len: int | None = No
 
 class Forms(NamedTuple):
     """Per-sample lower bounds on this cost model: ``work`` (GPU-seconds), ``unit`` (time of the sample alone),
-    ``shard`` (one rank's compute when it runs sharded, whole or as a chain) and ``local`` (its time when all of
-    it runs on one rank, whole or as a chain)."""
+    ``shard`` (one rank's compute when it runs sharded, whole or as a chain), ``local`` (its time when all of
+    it runs on one rank, whole or as a chain) and ``whole_shard`` (whether memory lets it run sharded whole, in
+    one micro-batch, with some checkpointing)."""
 
     work: np.ndarray
     unit: np.ndarray
     shard: np.ndarray
     local: np.ndarray
+    whole_shard: np.ndarray
 
 
 def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = None) -> Forms:
@@ -93,8 +95,7 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     whole_shard = (min_ckpt(s / cp, cost) >= 0) & (s <= piece)
     unit = shard + comm_lower(s, cost) + h
     if cp > 1 and whole_shard.any():
-        exchange = np.array([cost.cp_comm_s(n, 0) for n in s[whole_shard].tolist()])
-        unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + exchange)
+        unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + comm_floor(s[whole_shard], cost))
     # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
     # checkpointed: at least min over k of fwd·((s − cap(k))⁺ + (k/L)·min(s, cap(k))).
     fwd = lin / (3.0 * np.maximum(s, 1.0))  # linear forward seconds per token
@@ -113,7 +114,7 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
         work[at] = np.minimum(work[at], local)
         unit[at] = np.minimum(unit[at], local)
         one_rank[at] = np.minimum(one_rank[at], local)
-    return Forms(work, unit, shard, one_rank)
+    return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1))
 
 
 def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
@@ -127,9 +128,7 @@ def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
     if cost.cfg.cp <= 1:
         return [(0.0, 0.0)]
     c0 = cost.cp_comm_s(1e-9, 0)
-    sizes = sorted({float(mb) for kind in ("all_gather", "reduce_scatter") for mb, _ in cost.hw.collectives[kind]})
-    xs = [mb * 2**20 / cost.kv_bytes_per_token for mb in sizes] + [1e18]
-    pts = [(0.0, c0)] + [(x, cost.cp_comm_s(x, 0)) for x in xs]
+    pts = [(0.0, c0)] + [(x, cost.cp_comm_s(x, 0)) for x in _breakpoints(cost).tolist()]
     hull: list[tuple[float, float]] = []
     for p in pts:
         while len(hull) >= 2:
@@ -147,6 +146,26 @@ def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
         if icpt >= 0:
             lines.append((icpt * shrink, slope * shrink))
     return lines
+
+
+def _breakpoints(cost: CostModel) -> np.ndarray:
+    """Token counts where the exchange's pieces meet (the hardware tables' sizes), ascending, and one far beyond."""
+    sizes = sorted({float(mb) for kind in ("all_gather", "reduce_scatter") for mb, _ in cost.hw.collectives[kind]})
+    return np.array([mb * 2**20 / cost.kv_bytes_per_token for mb in sizes] + [1e18])
+
+
+def comm_floor(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
+    """Least exchange of a micro-batch holding at least ``tokens`` sharded tokens: min over y >= x of
+    cp_comm_s(y). The exchange is piecewise linear, so the least sits at x or at a breakpoint beyond it; where
+    the tables grow with size (the presets) this is cp_comm_s itself."""
+    x = np.asarray(tokens, dtype=np.float64)
+    if cost.cfg.cp <= 1:
+        return np.zeros_like(x)
+    pts = _breakpoints(cost)
+    suffix = np.minimum.accumulate(cost.cp_comm_s(pts, 0)[::-1])[::-1]
+    idx = np.searchsorted(pts, x, side="left")
+    later = np.where(idx < pts.size, suffix[np.minimum(idx, pts.size - 1)], np.inf)
+    return np.minimum(cost.cp_comm_s(x, 0), later)
 
 
 def comm_lower(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -191,10 +210,13 @@ def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int
     replicas + 1 largest samples (by unit) share one (a sample's pieces all run on one replica, and all sharded
     or all on one CP rank: Plan.validate), so the slowest replica takes at least the least, over those pairs, of
 
-    * both sharded: ``shard_a + shard_b + comm_lower(s_a + s_b) + h`` (every micro-batch holding a sharded piece
-      pays its exchange; summed over micro-batches the exchanges exceed the minorant of the total tokens);
-    * one sharded, the other on one rank: ``shard_a + max(comm_lower(s_a), local_b) + h`` (that rank waits for
-      the exchanges and for its own work, Eq. 2, and does a's share on top);
+    * both sharded: ``shard_a + shard_b + h`` plus ``comm_floor(s_a + s_b)`` in one micro-batch (when memory
+      lets both run sharded whole side by side), or else ``comm_lower(s_a + s_b) + h`` in two or more: every
+      micro-batch holding a sharded piece pays its exchange, and summed over micro-batches the exchanges exceed
+      the minorant of the total tokens;
+    * one sharded, the other on one rank r: ``shard_a + h`` plus ``max(comm_floor(s_a), local_b)`` when a is
+      sharded whole, or ``max(comm_lower(s_a), local_b) + h`` as a chain (r waits for the exchanges and for its
+      own work, Eq. 2, and does a's share on top);
     * both on ranks: ``max(local_a, local_b) + h`` (CP degree 1: one rank does both, ``work_a + work_b + h``).
 
     Returns 0 when there are not more samples than replicas or more than ``PAIR_LIMIT`` replicas.
@@ -210,8 +232,13 @@ def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int
         return float(np.min(forms.work[i] + forms.work[j])) + h
     s = np.asarray(lengths, dtype=np.float64)
     sh, loc, cl = forms.shard, forms.local, comm_lower(s, cost)
-    both = sh[i] + sh[j] + comm_lower(s[i] + s[j], cost)
-    i_sh = sh[i] + np.maximum(cl[i], loc[j])
-    j_sh = sh[j] + np.maximum(cl[j], loc[i])
+    whole = np.where(forms.whole_shard, comm_floor(s, cost), np.inf)  # sharded whole: one micro-batch
+    d = cost.cfg.cp
+    together = forms.whole_shard[i] & forms.whole_shard[j] & (np.ceil(s[i] / d) + np.ceil(s[j] / d)
+                                                              <= float(cost.token_caps.max()))
+    one_mb = np.where(together, comm_floor(s[i] + s[j], cost), np.inf)
+    both = sh[i] + sh[j] + np.minimum(one_mb, comm_lower(s[i] + s[j], cost) + h)
+    i_sh = sh[i] + np.minimum(np.maximum(whole[i], loc[j]), np.maximum(cl[i], loc[j]) + h)
+    j_sh = sh[j] + np.minimum(np.maximum(whole[j], loc[i]), np.maximum(cl[j], loc[i]) + h)
     ranks = np.maximum(loc[i], loc[j])
     return float(np.min(np.minimum(np.minimum(both, i_sh), np.minimum(j_sh, ranks)))) + h
