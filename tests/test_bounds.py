@@ -18,7 +18,7 @@ def _random_plan(rng: np.random.Generator, world: int, cap: int) -> tuple[Plan, 
     lengths = rng.integers(50, 3 * cap, n)
     depth = int(rng.integers(3, 7))
     reps: list[list[list[Piece]]] = [[[] for _ in range(depth)] for _ in range(world // d)]
-    flags = [(int(rng.choice([0, 4, 24])), bool(rng.integers(0, 2))) for _ in range(depth)]
+    flags = [(int(rng.integers(0, 25)), bool(rng.integers(0, 2))) for _ in range(depth)]
     for sample, s in enumerate(lengths.tolist()):
         g = int(rng.integers(0, world // d))
         rank = None if d > 1 and rng.random() < 0.5 else int(rng.integers(0, d))

@@ -6,8 +6,9 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
 
 * ``W(s)``, the fewest GPU-seconds sample s can cost, the cheapest of: whole on one rank when memory allows (with
   the fewest checkpointed layers that make it fit); sharded over the CP group, whole or as a chain (cp ranks
-  each do 1/cp, attention in blocks of at most s/(2cp) queries); a chain on one rank, which must recompute what
-  its memory cannot hold (the forward of (s − cap(k))⁺ tokens, or k checkpointed layers). GEMMs at full
+  each do 1/cp, attention in blocks of at most s/(2cp) queries, and recompute what a rank's memory cannot hold
+  of its s/cp tokens); a chain on one rank, which must recompute what its memory cannot hold (the forward of
+  (s − cap(k))⁺ tokens, or k checkpointed layers). GEMMs at full
   efficiency, attention at the efficiency of its own length, no padding, no communication (it may be hidden).
 * ``U(s)``, the shortest time sample s can take (the largest indivisible unit): whole on one rank; its 1/cp
   share plus its own K/V exchange when sharded whole (Eq. 2: a rank waits max(comm, local) + its share, and the
@@ -86,8 +87,11 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     lin = np.asarray(cost.linear_s(s, 0, ideal=True))
     # Sharded (whole or as a chain of pieces): every rank does 1/cp of the tokens and pairs in blocks of at most
     # s/(2cp) queries, and waits for the K/V exchanges of its pieces (at least comm_lower(s), see comm_minorant).
+    # Each rank holds s/cp of its activations: what its memory cannot hold is recomputed (see the chain below).
+    fwd = lin / (3.0 * np.maximum(s, 1.0))  # linear forward seconds per token
     q_shard = piece / (2 * cp) if cp > 1 else piece
-    shard = np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0))
+    shard = (np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0))
+             + fwd * _recomputed(s / cp, cost))
     work = cp * shard
     # A chain runs its pieces in separate micro-batches (the Plan allows one piece of a sample per micro-batch):
     # at least one more per-micro-batch cost h than a whole sample; sharded whole it pays its own full exchange.
@@ -97,12 +101,8 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     if cp > 1 and whole_shard.any():
         unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + comm_floor(s[whole_shard], cost))
     # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
-    # checkpointed: at least min over k of fwd·((s − cap(k))⁺ + (k/L)·min(s, cap(k))).
-    fwd = lin / (3.0 * np.maximum(s, 1.0))  # linear forward seconds per token
-    ks = np.arange(cost.layers + 1)
-    caps = cost.token_caps
-    again = np.maximum(s[:, None] - caps[None, :], 0.0) + ks[None, :] / cost.layers * np.minimum(s[:, None], caps)
-    chain = lin + fwd * again.min(axis=1) + np.asarray(cost.attn_s(pairs, piece, 0))
+    # checkpointed.
+    chain = lin + fwd * _recomputed(s, cost) + np.asarray(cost.attn_s(pairs, piece, 0))
     work = np.minimum(work, chain)
     unit = np.minimum(unit, chain + h)
     one_rank = chain.copy()
@@ -146,6 +146,16 @@ def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
         if icpt >= 0:
             lines.append((icpt * shrink, slope * shrink))
     return lines
+
+
+def _recomputed(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
+    """Fewest tokens' worth of linear forward a rank runs twice when it must hold the activations of ``tokens``
+    tokens of one sample: min over k checkpointed layers of (n − cap(k))⁺ (dropped, recomputed) + (k/L)·min(n,
+    cap(k)) (checkpointed layers run their forward again)."""
+    n = np.asarray(tokens, dtype=np.float64)[:, None]
+    caps = cost.token_caps[None, :]
+    ks = np.arange(cost.layers + 1)[None, :]
+    return (np.maximum(n - caps, 0.0) + ks / cost.layers * np.minimum(n, caps)).min(axis=1)
 
 
 def _breakpoints(cost: CostModel) -> np.ndarray:
