@@ -22,6 +22,9 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
 * ``P``, two samples on one replica (:func:`pair_bound`): with r replicas, two of the r + 1 samples of largest
   U share a replica, and the least any such pair can cost there is a bound (both sharded pay both shares and
   the exchange of both; one sharded waits for its exchange or for the other's whole-rank work).
+* The exchange term (:func:`exchange_bound`): sharded samples pay their exchange unless own work hides it, and
+  a sample whose one-rank time exceeds the step cannot be own work; a convex combination of the two sides of
+  Eq. 2, summed over a replica, bounds the step at the crossing of a bisection.
 * A step may use any CP degree (HBP and the unified planner change it per step): the bound is the least over the
   degrees the caller allows (the simulator passes every divisor of the world size).
 
@@ -45,7 +48,8 @@ import numpy as np
 from ..cost import CostModel, attention_pairs
 
 __all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
-           "comm_minorant", "comm_lower", "comm_floor"]
+           "comm_minorant", "comm_lower", "comm_floor",
+           "exchange_bound"]
 
 
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -208,6 +212,7 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         spread = max(float(work.sum()) / world + h, (float(work.sum()) + h * tokens / max(1, c.token_cap(c.layers)))
                      / world)
         busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d))
+        busiest = exchange_bound(lengths, forms, c, world // d, busiest)
         out = min(out, busiest + c.grad_allreduce_s())
     return out
 
@@ -252,3 +257,42 @@ def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int
     j_sh = sh[j] + np.minimum(np.maximum(whole[j], loc[i]), np.maximum(cl[j], loc[i]) + h)
     ranks = np.maximum(loc[i], loc[j])
     return float(np.min(np.minimum(np.minimum(both, i_sh), np.minimum(j_sh, ranks)))) + h
+
+
+def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int, known: float) -> float:
+    """Raise ``known`` (a bound on the busiest replica) by charging sharded samples their exchange.
+
+    A replica g takes at least max(C_g, Λ_g) + D_g (Eq. 2 summed over its micro-batches: C its exchanges, Λ its
+    busiest rank's own work, at least the mean own work, D the shares of its sharded samples), so for any θ in
+    [0, 1] and any minorant line (a, b) of the exchange, ``replicas · T >= Σ_sharded (θ·b·s + shard) +
+    Σ_local (1 − θ)·local / cp``. Which samples are sharded is the plan's choice, so each sample takes the
+    cheaper term; but a sample whose one-rank time exceeds T cannot be local in a plan of time T. Hence for every
+    T: optimum >= min(T, f(T)) with f(T) the best such sum (plus h); f falls as T grows and the bound is its
+    crossing, found by bisection. Cost: O(samples · lines · θs · 40)."""
+    if cost.cfg.cp <= 1:
+        return known
+    s = np.asarray(lengths, dtype=np.float64)
+    h = per_micro_batch_s(cost)
+    slopes = np.array([b for _, b in comm_minorant(cost) if b > 0])
+    if slopes.size == 0:
+        return known
+    theta = np.array([0.25, 0.5, 0.75, 1.0])
+    th = np.repeat(theta, slopes.size)[None, :]
+    sharded = th * np.tile(slopes, theta.size)[None, :] * s[:, None] + forms.shard[:, None]
+    local = (1.0 - th) * forms.local[:, None] / cost.cfg.cp
+
+    def f(t: float) -> float:
+        alone = np.where((forms.local + h <= t)[:, None], local, np.inf)
+        return float(np.minimum(sharded, alone).sum(axis=0).max()) / replicas + h
+
+    lo = known
+    hi = f(lo)
+    if hi <= lo:
+        return known
+    for _ in range(40):  # invariant: f(lo) > lo (so the optimum >= lo), and f(hi) <= hi
+        mid = 0.5 * (lo + hi)
+        if f(mid) > mid:
+            lo = mid
+        else:
+            hi = mid
+    return lo
