@@ -116,3 +116,32 @@ def test_compare_reports_gap_to_bound_and_to_the_exact_optimum():
         assert r["gap_to_bound"] >= -1e-12
         assert r["gap_to_optimum"] is not None
     assert res["planners"]["unified"]["gap_to_optimum"] <= res["planners"]["isf"]["gap_to_optimum"]
+
+
+def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
+    """7B at DP16 x CP2: a 30K sample needs 15K tokens per rank, more than the ~12K cap. Checkpointing every layer it
+    needs (its micro-batch) recomputes ~40% of that micro-batch's forward; a two-piece chain whose head (what the
+    ranks cannot hold, plus room for the head's K/V) is recomputed costs less, and the planner takes it."""
+    from longpack.planners.base import Batch
+    from longpack.planners.unified import Candidate, Unified
+
+    cost = _cost("qwen2.5-7b", dp=16, cp=2)
+    cap = cost.token_cap()
+    x = np.array([30_000] + [600] * 63)
+    assert cap < 15_000
+    ctx = PlanContext(cost=cost)
+    batch = Batch(0, np.arange(x.size), x, cap * 2, None)
+    kb = next(k for k in range(cost.layers + 1) if cost.token_cap(k) >= 15_000)
+    u = Unified()
+    lengths = dict(enumerate(x.tolist()))
+    ckpt = u._score(u._build(batch, ctx, cost, Candidate(2, kb, 1, float("inf")), set()), lengths, ctx)
+    tail = u._score(u._build(batch, ctx, cost, Candidate(2, kb, 1, float("inf"), True), set()), lengths, ctx)
+    assert not tail[0] and tail[1] < ckpt[1]
+    plan = u.plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
+    plan.validate()
+    pieces = [(mb.recompute, mb.ckpt_layers, p) for _, rep in enumerate(plan.steps[0].replicas)
+              for mb in rep.micro_batches for p in mb.pieces if p.sample == 0]
+    assert len(pieces) == 2 and pieces[0][0] and not pieces[1][0] and {c for _, c, _ in pieces} == {0}
+    head = pieces[0][2].stop
+    assert 0 < head < 30_000 - 2 * (cap - 200)  # the ranks keep nearly a cap's worth each, minus the K/V store
+    assert simulate(plan, cost).oom_steps == 0

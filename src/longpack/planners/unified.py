@@ -12,7 +12,10 @@ Knobs (each is one paper's lever, made a choice instead of a fixed setting):
   degree still exceeds a quarter of the mean rank load: world/d replicas.
 * **Checkpointing** k: the configured layers, or the fewest that let the longest sample sit sharded whole
   without a chain (HBP's checkpointing where it pays). Only the micro-batches holding such long samples use k;
-  the others keep the configured layers and pay no recompute.
+  the others keep the configured layers and pay no recompute. Each such candidate has a twin that runs those
+  samples instead as two-piece chains at the configured layers: the head, what the ranks cannot hold (plus
+  room for its K/V store), is recomputed and the tail kept — the least recompute memory allows (the lower
+  bound's), where checkpointing k layers re-runs k/L of every token's forward.
 * **Budget split** K in {1, 2, 4} (and 8 with pp > 1): a micro-batch holds at most B = cap(k) // K tokens per rank.
   Samples longer than B·d become ChunkFlow chains of chunks of B·d tokens whose first N − K chunks are recomputed,
   so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline bubbles when pp > 1.
@@ -39,7 +42,7 @@ micro-batch counts, determinism (every tie broken by position). The candidate (d
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
 Cost: C candidates × (O(n log n + n·m) placement + O(pieces) simulation) + 3 × ``refine`` moves × O(pieces of two
-replicas); C ≤ |degrees| · 2 · 4 · 4, fewer after removing candidates that give the same placement; 41 ms median
+replicas); C ≤ |degrees| · 3 · 4 · 4, fewer after removing candidates that give the same placement; 41 ms median
 per 256-sample batch at DP4·CP8 (bench/planning.py, docs/BENCHMARKS.md). Options: ``degrees`` (comma-separated CP
 degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none),
 ``refine`` (local-search moves, default 32; 0 turns it off), ``shard_chains``
@@ -71,6 +74,7 @@ class Candidate(NamedTuple):
     ckpt: int
     split: int
     alpha: float
+    tail: bool = False  # big samples as two-piece chains (small recomputed head, kept tail) instead of ckpt
 
 
 @register
@@ -136,6 +140,8 @@ class Unified(Planner):
                 chains = longest > cost.token_cap(k) * d
                 for split in (splits if cost.cfg.pp > 1 or chains else splits[:1]):
                     out += [Candidate(d, k, split, a) for a in (alphas if d > 1 else alphas[:1])]
+                    if k > k0 and (d == 1 or _flag(ctx.option("shard_chains", True))):
+                        out += [Candidate(d, k, split, a, True) for a in (alphas if d > 1 else alphas[:1])]
         return out
 
     @staticmethod
@@ -184,7 +190,8 @@ class Unified(Planner):
         local = fits_rank & ~sharded
         if d == 1:
             local, sharded = local | sharded, np.zeros_like(sharded)
-        placement_key = (d, kb if is_big.any() else k0, budget, tuple(np.flatnonzero(sharded).tolist()), whole_len)
+        placement_key = (d, kb if is_big.any() else k0, c.tail and bool(is_big.any()), budget,
+                         tuple(np.flatnonzero(sharded).tolist()), whole_len)
         if placement_key in seen:
             return None
         seen.add(placement_key)
@@ -193,6 +200,23 @@ class Unified(Planner):
         rank_load = np.zeros((n_rep, d))
         tail: list[list[MicroBatch]] = [[] for _ in range(n_rep)]  # big micro-batches, then chains
         big_pos = np.flatnonzero(is_big)
+        if big_pos.size and c.tail:
+            # two-piece chains at the normal checkpointing: the head, what a rank cannot hold, is recomputed
+            rank = None if d > 1 else 0
+            heads = [max(0, int(lengths[i]) - d * _tail_tokens(cost, -(-int(lengths[i]) // d), k0, cap))
+                     for i in big_pos.tolist()]
+            est = np.array([_pieces_s([0, h, int(lengths[i])] if h else [0, int(lengths[i])], d, 1, cost, k0)
+                            for i, h in zip(big_pos.tolist(), heads, strict=True)])
+            est += np.array([cost.cp_comm_s(n, k0) for n in s[big_pos].tolist()])
+            for g, members in enumerate(lpt(est, n_rep)):
+                for m in members:
+                    i, head = int(big_pos[m]), heads[m]
+                    n, sample = int(lengths[i]), int(samples[i])
+                    tail[g].extend([MicroBatch((Piece(sample, 0, head, rank),), ckpt_layers=k0, recompute=True),
+                                    MicroBatch((Piece(sample, head, n, rank),), ckpt_layers=k0)] if head else
+                                   [MicroBatch((Piece(sample, 0, n, rank),), ckpt_layers=k0)])
+                    rep_load[g] += float(est[m])
+            big_pos = big_pos[:0]  # nothing left for checkpointed micro-batches: the step keeps the normal cap
         if big_pos.size:
             _, t_big = _times(s[big_pos], cost, d, kb)
             est = t_big + np.array([cost.cp_comm_s(n, kb) for n in s[big_pos].tolist()])  # nothing hides it
@@ -240,13 +264,7 @@ class Unified(Planner):
     @staticmethod
     def _chain_s(n: int, chunk: int, d: int, split: int, cost: CostModel, k: int) -> float:
         """Estimated seconds of one chain on each of its d ranks (recomputed chunks run their forward twice)."""
-        bounds = list(range(0, n, chunk)) + [n]
-        total = 0.0
-        for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-            pairs = cost.cfg.causal_factor * (b * b - a * a) / d
-            t = float(cost.linear_s((b - a) / d, k, ideal=True)) + float(cost.attn_s(pairs, (b - a) / (2 * d), k))
-            total += t * (4 / 3 if j < len(bounds) - 1 - split else 1.0)
-        return total
+        return _pieces_s(list(range(0, n, chunk)) + [n], d, split, cost, k)
 
 
 class _Layout:
@@ -339,6 +357,32 @@ def _times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, 
     q = s / (2 * d) if d > 1 else s
     shard = np.asarray(cost.linear_s(s / d, k, ideal=True)) + np.asarray(cost.attn_s(pairs / d, q, k))
     return local + np.asarray(cost.docs_s(1)), shard + np.asarray(cost.docs_s(2))
+
+
+def _pieces_s(bounds: list[int], d: int, kept: int, cost: CostModel, k: int) -> float:
+    """Estimated seconds on each of d ranks of a chain with pieces [bounds[j], bounds[j+1]); all but the last
+    ``kept`` are recomputed (their forward runs twice)."""
+    total = 0.0
+    for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        pairs = cost.cfg.causal_factor * (b * b - a * a) / d
+        t = float(cost.linear_s((b - a) / d, k, ideal=True)) + float(cost.attn_s(pairs, (b - a) / (2 * d), k))
+        total += t * (4 / 3 if j < len(bounds) - 1 - kept else 1.0)
+    return total
+
+
+def _tail_tokens(cost: CostModel, per_rank: int, k: int, cap: int) -> int:
+    """Most of a sample's ``per_rank`` tokens a rank can keep as the last piece of a chain with ``k``
+    checkpointed layers: its activations plus the K/V store of the head before it must fit memory, and the cap.
+    O(1) plus a short correction loop."""
+    if cost.memory_bytes(per_rank, k) <= cost.hw.memory_bytes and per_rank <= cap:
+        return per_rank
+    act = cost.hw.fragmentation * cost.act_bytes_per_token(k)
+    kv = float(cost.kv_store_bytes(1.0))
+    free = cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30 - kv * per_rank
+    n = min(cap, per_rank, int(free // (act - kv))) if act > kv else 0
+    while n > 0 and cost.memory_bytes(n, k, per_rank - n) > cost.hw.memory_bytes:
+        n -= 1
+    return max(n, 0)
 
 
 def _heaviest_first(t: np.ndarray, pos: np.ndarray) -> list[int]:
