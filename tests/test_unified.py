@@ -43,10 +43,11 @@ def test_unified_plans_are_valid_deterministic_and_no_slower_than_plain_balanced
             assert got.time_s <= base.time_s * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("workload", ["lmsys-chat-1m", "llama3-longsft", "chatqa2-long-sft"])
+@pytest.mark.parametrize("workload", ["wikipedia-cn", "lmsys-chat-1m", "llama3-longsft", "chatqa2-long-sft",
+                                      "tulu3-longcite", "chunkflow-eval"])
 def test_unified_efficiency_is_at_least_097_at_dp4_cp8(workload):
-    """A guard on cells that reach the issue's 0.97 today; the full matrix (where some cells fall short, steps
-    dominated by one very long sequence) is in docs/BENCHMARKS.md."""
+    """A guard on cells that reach the issue's 0.97 with a margin on these samples; the full matrix (where some
+    cells fall short: DP32 steps dominated by one or two very long sequences) is in docs/BENCHMARKS.md."""
     cost = _cost()
     rep = simulate(_plan(generate(workload, 5000, seed=0), cost, steps=3, batch=256), cost)
     assert rep.efficiency >= 0.97 and rep.oom_steps == 0
