@@ -12,9 +12,9 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
   efficiency, attention at the efficiency of its own length, no padding, no communication (it may be hidden).
 * ``U(s)``, the shortest time sample s can take (the largest indivisible unit): whole on one rank; its 1/cp
   share plus its own K/V exchange when sharded whole (Eq. 2: a rank waits max(comm, local) + its share, and the
-  exchange of a micro-batch is at least that of any one of its sharded samples); or as a chain, whose pieces
-  run in at least two micro-batches (one more per-micro-batch cost h) and exchange at least comm_lower(s)
-  (:func:`comm_minorant`); the best allowed option.
+  exchange of a micro-batch is at least that of any one of its sharded samples); or as a chain of n >= 2
+  pieces (as many as its length needs), which run in n micro-batches (n − 1 more per-micro-batch costs h) and
+  exchange at least n·a + b·s for every minorant line (:func:`comm_minorant`); the best allowed option.
 * ``T_fixed + T_gemm`` = h: the per-micro-batch costs every rank holding tokens pays at least once: the launch
   cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). Since no micro-batch holds
   more than cap(L) tokens on a rank (full checkpointing), the ranks together pay h at least Σ s / cap(L) times:
@@ -73,13 +73,14 @@ class Forms(NamedTuple):
     """Per-sample lower bounds on this cost model: ``work`` (GPU-seconds), ``unit`` (time of the sample alone),
     ``shard`` (one rank's compute when it runs sharded, whole or as a chain), ``local`` (its time when all of
     it runs on one rank, whole or as a chain) and ``whole_shard`` (whether memory lets it run sharded whole, in
-    one micro-batch, with some checkpointing)."""
+    one micro-batch, with some checkpointing) and ``chain_pieces`` (fewest pieces it has as a sharded chain)."""
 
     work: np.ndarray
     unit: np.ndarray
     shard: np.ndarray
     local: np.ndarray
     whole_shard: np.ndarray
+    chain_pieces: np.ndarray
 
 
 def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = None) -> Forms:
@@ -101,7 +102,10 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     # at least one more per-micro-batch cost h than a whole sample; sharded whole it pays its own full exchange.
     h = per_micro_batch_s(cost)
     whole_shard = (min_ckpt(s / cp, cost) >= 0) & (s <= piece)
-    unit = shard + comm_lower(s, cost) + h
+    # as a chain: at least two pieces, and as many as its length needs (piece cap: cp · cap(L), and --max-len)
+    limit = min(cp * float(cost.token_caps.max()), float(split_len) if split_len else math.inf)
+    pieces = np.maximum(2.0, np.ceil(s / max(limit, 1.0)))
+    unit = shard + comm_lower(s, cost, pieces) + (pieces - 1) * h
     if cp > 1 and whole_shard.any():
         unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + comm_floor(s[whole_shard], cost))
     # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
@@ -118,7 +122,7 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
         work[at] = np.minimum(work[at], local)
         unit[at] = np.minimum(unit[at], local)
         one_rank[at] = np.minimum(one_rank[at], local)
-    return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1))
+    return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1), pieces)
 
 
 def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
@@ -182,10 +186,12 @@ def comm_floor(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
     return np.minimum(cost.cp_comm_s(x, 0), later)
 
 
-def comm_lower(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
-    """Least K/V exchange seconds a sample of each length costs when sharded, chained or not (comm_minorant)."""
+def comm_lower(lengths: np.ndarray, cost: CostModel, pieces: np.ndarray | int = 1) -> np.ndarray:
+    """Least K/V exchange seconds a sample of each length costs when sharded in at least ``pieces`` pieces (in as
+    many micro-batches), chained or not: max over the minorant lines of pieces·a + b·s (comm_minorant)."""
     s = np.asarray(lengths, dtype=np.float64)
-    return np.max([a + b * s for a, b in comm_minorant(cost)], axis=0)
+    n = np.asarray(pieces, dtype=np.float64)
+    return np.max([a * n + b * s for a, b in comm_minorant(cost)], axis=0)
 
 
 def per_micro_batch_s(cost: CostModel) -> float:
@@ -226,11 +232,11 @@ def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int
     or all on one CP rank: Plan.validate), so the slowest replica takes at least the least, over those pairs, of
 
     * both sharded: ``shard_a + shard_b + h`` plus ``comm_floor(s_a + s_b)`` in one micro-batch (when memory
-      lets both run sharded whole side by side), or else ``comm_lower(s_a + s_b) + h`` in two or more: every
+      lets both run sharded whole side by side), or else ``comm_lower(s_a + s_b, 2) + h`` in two or more: every
       micro-batch holding a sharded piece pays its exchange, and summed over micro-batches the exchanges exceed
       the minorant of the total tokens;
     * one sharded, the other on one rank r: ``shard_a + h`` plus ``max(comm_floor(s_a), local_b)`` when a is
-      sharded whole, or ``max(comm_lower(s_a), local_b) + h`` as a chain (r waits for the exchanges and for its
+      sharded whole, or ``max(comm_lower(s_a, n_a), local_b) + h`` as a chain (r waits for the exchanges and for its
       own work, Eq. 2, and does a's share on top);
     * both on ranks: ``max(local_a, local_b) + h`` (CP degree 1: one rank does both, ``work_a + work_b + h``).
 
@@ -246,13 +252,14 @@ def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int
     if cost.cfg.cp <= 1:
         return float(np.min(forms.work[i] + forms.work[j])) + h
     s = np.asarray(lengths, dtype=np.float64)
-    sh, loc, cl = forms.shard, forms.local, comm_lower(s, cost)
+    sh, loc = forms.shard, forms.local
+    cl = comm_lower(s, cost, forms.chain_pieces) + (forms.chain_pieces - 2) * h  # a chain: >= 2 micro-batches
     whole = np.where(forms.whole_shard, comm_floor(s, cost), np.inf)  # sharded whole: one micro-batch
     d = cost.cfg.cp
     together = forms.whole_shard[i] & forms.whole_shard[j] & (np.ceil(s[i] / d) + np.ceil(s[j] / d)
                                                               <= float(cost.token_caps.max()))
     one_mb = np.where(together, comm_floor(s[i] + s[j], cost), np.inf)
-    both = sh[i] + sh[j] + np.minimum(one_mb, comm_lower(s[i] + s[j], cost) + h)
+    both = sh[i] + sh[j] + np.minimum(one_mb, comm_lower(s[i] + s[j], cost, 2) + h)
     i_sh = sh[i] + np.minimum(np.maximum(whole[i], loc[j]), np.maximum(cl[i], loc[j]) + h)
     j_sh = sh[j] + np.minimum(np.maximum(whole[j], loc[i]), np.maximum(cl[j], loc[i]) + h)
     ranks = np.maximum(loc[i], loc[j])
