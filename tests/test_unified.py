@@ -146,3 +146,19 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     head = pieces[0][2].stop
     assert 0 < head < 30_000 - 2 * (cap - 200)  # the ranks keep nearly a cap's worth each, minus the K/V store
     assert simulate(plan, cost).oom_steps == 0
+
+
+def test_unified_memory_sized_chain_fits_beside_its_kv_store():
+    """7B at DP16 x CP2, one 80K sample (40K tokens per rank, over 3 caps): chunks of a full cap each would put the
+    last chunk's activations beside 60K tokens of K/V and run out of memory; the memory-sized chain keeps a
+    shorter last piece, recomputes the rest, and fits."""
+    cost = _cost("qwen2.5-7b", dp=16, cp=2)
+    x = np.array([80_000] + [600] * 63)
+    plan = get_planner("unified").plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
+    plan.validate()
+    assert simulate(plan, cost).oom_steps == 0
+    chain = [(mb.recompute, p) for rep in plan.steps[0].replicas for mb in rep.micro_batches for p in mb.pieces
+             if p.sample == 0]
+    assert len(chain) >= 3 and all(r for r, _ in chain[:-1]) and not chain[-1][0]
+    cap = cost.token_cap()
+    assert (chain[-1][1].stop - chain[-1][1].start) / 2 < cap  # the kept piece leaves room for the K/V store

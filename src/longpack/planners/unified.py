@@ -15,7 +15,10 @@ Knobs (each is one paper's lever, made a choice instead of a fixed setting):
   the others keep the configured layers and pay no recompute. Each such candidate has a twin that runs those
   samples instead as two-piece chains at the configured layers: the head, what the ranks cannot hold (plus
   room for its K/V store), is recomputed and the tail kept — the least recompute memory allows (the lower
-  bound's), where checkpointing k layers re-runs k/L of every token's forward.
+  bound's), where checkpointing k layers re-runs k/L of every token's forward. The same twin exists for
+  candidates with chains: memory-sized chains whose last piece is as long as a rank can keep beside the K/V
+  store of the pieces before it (and each earlier piece as long as memory allows beside its own prefix's K/V),
+  the earlier pieces recomputed — uniform chunks of a full cap would leave no room for that store.
 * **Budget split** K in {1, 2, 4} (and 8 with pp > 1): a micro-batch holds at most B = cap(k) // K tokens per rank.
   Samples longer than B·d become ChunkFlow chains of chunks of B·d tokens whose first N − K chunks are recomputed,
   so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline bubbles when pp > 1.
@@ -140,7 +143,8 @@ class Unified(Planner):
                 chains = longest > cost.token_cap(k) * d
                 for split in (splits if cost.cfg.pp > 1 or chains else splits[:1]):
                     out += [Candidate(d, k, split, a) for a in (alphas if d > 1 else alphas[:1])]
-                    if k > k0 and (d == 1 or _flag(ctx.option("shard_chains", True))):
+                    twin = k > k0 or (chains and split == splits[0])
+                    if twin and (d == 1 or _flag(ctx.option("shard_chains", True))):
                         out += [Candidate(d, k, split, a, True) for a in (alphas if d > 1 else alphas[:1])]
         return out
 
@@ -190,7 +194,7 @@ class Unified(Planner):
         local = fits_rank & ~sharded
         if d == 1:
             local, sharded = local | sharded, np.zeros_like(sharded)
-        placement_key = (d, kb if is_big.any() else k0, c.tail and bool(is_big.any()), budget,
+        placement_key = (d, kb if is_big.any() else k0, c.tail and bool(is_big.any() or is_chain.any()), budget,
                          tuple(np.flatnonzero(sharded).tolist()), whole_len)
         if placement_key in seen:
             return None
@@ -225,7 +229,22 @@ class Unified(Planner):
                                                   cost.token_cap(kb), d, kb))
                 rep_load[g] += float(est[members].sum()) if members else 0.0
         chain_pos = np.flatnonzero(is_chain)
-        if chain_pos.size:
+        if chain_pos.size and c.tail:
+            # memory-sized chains: pieces as long as memory allows beside the K/V store of what came before;
+            # the last kept, the rest recomputed
+            cuts = [_memory_chain(int(lengths[i]), d, cost, k0, budget, limit) for i in chain_pos.tolist()]
+            if any(b is None for b in cuts):
+                return None
+            est = [_pieces_s(b, d, 1, cost, k0) for b in cuts]
+            rank = None if d > 1 else 0
+            for g, members in enumerate(lpt(est, n_rep)):
+                for m in members:
+                    i, b = int(chain_pos[m]), cuts[m]
+                    tail[g].extend(MicroBatch((Piece(int(samples[i]), x, y, rank),), ckpt_layers=k0,
+                                              recompute=j < len(b) - 2)
+                                   for j, (x, y) in enumerate(zip(b, b[1:], strict=False)))
+                    rep_load[g] += est[m]
+        elif chain_pos.size:
             chunk = whole_len
             # keep as many chunks' activations as the cap holds (more than K when --max-len made chunks small)
             kept = max(c.split, cap // -(-chunk // d))
@@ -383,6 +402,28 @@ def _tail_tokens(cost: CostModel, per_rank: int, k: int, cap: int) -> int:
     while n > 0 and cost.memory_bytes(n, k, per_rank - n) > cost.hw.memory_bytes:
         n -= 1
     return max(n, 0)
+
+
+def _memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: int) -> list[int] | None:
+    """Piece bounds of a chain of n tokens over d ranks: the last piece as long as a rank can keep beside the K/V
+    store of the head (:func:`_tail_tokens`), the head cut greedily into pieces as long as memory allows beside
+    the K/V of what precedes each, all at most ``budget`` tokens per rank and ``limit`` tokens; None when memory
+    cannot hold even one token more. O(pieces)."""
+    tail = min(_tail_tokens(cost, -(-n // d), k, budget) * d, limit)
+    if tail <= 0:
+        return None
+    head = max(0, n - tail)
+    act = cost.hw.fragmentation * cost.act_bytes_per_token(k)
+    kv = float(cost.kv_store_bytes(1.0))
+    free = cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30
+    bounds, pos = [0], 0
+    while pos < head:
+        room = min(budget, int((free - kv * pos / d) // act))
+        if room <= 0:
+            return None
+        pos = min(head, pos + min(room * d, limit))
+        bounds.append(pos)
+    return bounds + [n] if head else [0, n]
 
 
 def _heaviest_first(t: np.ndarray, pos: np.ndarray) -> list[int]:
