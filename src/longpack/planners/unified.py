@@ -45,7 +45,7 @@ micro-batch counts, determinism (every tie broken by position). The candidate (d
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
 Cost: C candidates × (O(n log n + n·m) placement + O(pieces) simulation) + 3 × ``refine`` moves × O(pieces of two
-replicas); C ≤ |degrees| · 3 · 4 · 4, fewer after removing candidates that give the same placement; 41 ms median
+replicas); C ≤ |degrees| · 3 · 4 · 4, fewer after removing candidates that give the same placement; 46 ms median
 per 256-sample batch at DP4·CP8 (bench/planning.py, docs/BENCHMARKS.md). Options: ``degrees`` (comma-separated CP
 degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none),
 ``refine`` (local-search moves, default 32; 0 turns it off), ``shard_chains``
