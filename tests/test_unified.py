@@ -162,3 +162,22 @@ def test_unified_memory_sized_chain_fits_beside_its_kv_store():
     assert len(chain) >= 3 and all(r for r, _ in chain[:-1]) and not chain[-1][0]
     cap = cost.token_cap()
     assert (chain[-1][1].stop - chain[-1][1].start) / 2 < cap  # the kept piece leaves room for the K/V store
+
+
+def test_unified_hides_own_samples_under_a_chains_exchange():
+    """0.5B at DP1 x CP8 with --max-len 32K: a 100K sample runs as a sharded chain whose chunks exchange K/V with
+    nothing else to do; the short samples move into those chunks, on their ranks, and stay under the exchange."""
+    from longpack.sim.simulate import micro_batch_times
+
+    cost = _cost(dp=1, cp=8)
+    x = np.array([100_000] + [700] * 95)
+    plan = get_planner("unified").plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "8"}),
+                                       max_len=32 * 1024)
+    plan.validate()
+    assert simulate(plan, cost).oom_steps == 0
+    mbs = plan.steps[0].replicas[0].micro_batches
+    hosts = [mb for mb in mbs if any(p.sample == 0 for p in mb.pieces) and len(mb.pieces) > 1]
+    assert hosts, "no chain micro-batch took own samples"
+    for mb in hosts:
+        _, local, _, comm, _, _ = micro_batch_times(mb, 8, cost)
+        assert np.all(local - cost.fixed_s <= comm + 1e-12)  # hidden: the chunk takes no longer than before

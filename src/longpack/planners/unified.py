@@ -36,7 +36,10 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
    micro-batch that is lightest after adding in Eq. 2 terms (own work up to the micro-batch's K/V exchange time
    is free); if one does not fit anywhere, m + 1. Big samples (sharded whole only with more checkpointing) get
    micro-batches of their own, then chains follow, each contiguous and in order;
-4. refine (pp = 1): on the slowest replica's busiest rank, shard its largest own sample, or move an own sample to
+4. (d > 1) own samples move from those micro-batches into the big and chain micro-batches of their replica, on
+   their rank, while they stay under that micro-batch's K/V exchange and fit the cap and memory (a chain's chunks
+   otherwise exchange with nothing else to do);
+5. refine (pp = 1): on the slowest replica's busiest rank, shard its largest own sample, or move an own sample to
    the fastest replica's idlest rank; a move stays only if the slowest replica gets faster in the simulator.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
@@ -300,9 +303,65 @@ class _Layout:
 
     def replica(self, g: int) -> list[MicroBatch]:
         if g not in self._mbs:
-            self._mbs[g] = _micro_batches(self.shared[g], self.own[g], self.lengths, self.samples, self.t_loc,
-                                          self.t_sh, self.budget, self.d, self.ckpt, self.cost) + self.tail[g]
+            regular = _micro_batches(self.shared[g], self.own[g], self.lengths, self.samples, self.t_loc,
+                                     self.t_sh, self.budget, self.d, self.ckpt, self.cost)
+            self._mbs[g] = self._hide_under_tail(regular, self.tail[g])
         return self._mbs[g]
+
+    def _hide_under_tail(self, regular: list[MicroBatch], tail: list[MicroBatch]) -> list[MicroBatch]:
+        """Move own samples from a replica's regular micro-batches into its big and chain micro-batches, on the
+        same CP rank, while that rank's own work stays under the micro-batch's K/V exchange (free by Eq. 2) and
+        within the token cap and memory (activations held for the chain and the K/V store of its prefix). Only
+        micro-batches whose tokens no later one holds take guests: big ones, recomputed chunks (guests then pay
+        the second forward: 4/3 of their estimate) and a chain's last chunk. Empty regular micro-batches are
+        dropped. Never slower by the estimate; O(pieces · tail)."""
+        if self.d == 1 or not tail or not regular:
+            return regular + tail
+        d, cost = self.d, self.cost
+        where = {int(x): i for i, x in enumerate(self.samples.tolist())}
+        guests = sorted(((float(self.t_loc[where[p.sample]]), p.stop - p.start, p, m)
+                         for m, mb in enumerate(regular) for p in mb.pieces if p.cp_rank is not None),
+                        key=lambda x: (-x[0], x[2].sample))
+        moved: dict[int, set[int]] = {}  # regular micro-batch -> samples taken out of it
+        held: dict[int, np.ndarray] = {}  # chain sample -> tokens per rank its kept chunks hold
+        out_tail = []
+        for mb in tail:
+            _, local, _, comm, tokens, prefix = micro_batch_times(mb, d, cost)
+            first = mb.pieces[0]
+            full = int(self.lengths[where[first.sample]])
+            chain = first if len(mb.pieces) == 1 and (first.start > 0 or first.stop < full) else None
+            last = chain is not None and chain.stop == full
+            base = tokens + held.get(chain.sample, 0.0) if chain is not None else tokens.copy()
+            if chain is not None and not mb.recompute and not last:
+                held[chain.sample] = held.get(chain.sample, np.zeros(d)) + tokens
+                out_tail.append(mb)
+                continue
+            scale = 4 / 3 if mb.recompute else 1.0
+            load = local - cost.fixed_s
+            room = self.cap - tokens
+            extra = []
+            for t, n, p, m in guests:
+                j = p.cp_rank
+                if p.sample in moved.get(m, ()) or n > room[j] or load[j] + t * scale > 0.9 * comm[j]:
+                    continue
+                if cost.memory_bytes(base[j] + n, mb.ckpt_layers, prefix[j]) > cost.hw.memory_bytes:
+                    continue
+                extra.append(p)
+                moved.setdefault(m, set()).add(p.sample)
+                room[j] -= n
+                base[j] += n
+                load[j] += t * scale
+            out_tail.append(MicroBatch(pieces=mb.pieces + tuple(extra), ckpt_layers=mb.ckpt_layers,
+                                       recompute=mb.recompute, pad_to=mb.pad_to) if extra else mb)
+        kept = []
+        for m, mb in enumerate(regular):
+            gone = moved.get(m)
+            pieces = tuple(p for p in mb.pieces if not gone or p.sample not in gone)
+            if pieces:
+                kept.append(mb if len(pieces) == len(mb.pieces) else
+                            MicroBatch(pieces=pieces, ckpt_layers=mb.ckpt_layers, recompute=mb.recompute,
+                                       pad_to=mb.pad_to))
+        return kept + out_tail
 
     def replica_s(self, g: int) -> float:
         """Simulated time of replica g (one pipeline stage): Σ over its micro-batches of the slowest rank."""
