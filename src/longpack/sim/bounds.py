@@ -14,7 +14,9 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
   share plus its own K/V exchange when sharded whole (Eq. 2: a rank waits max(comm, local) + its share, and the
   exchange of a micro-batch is at least that of any one of its sharded samples); or as a chain of n >= 2
   pieces (as many as its length needs), which run in n micro-batches (n − 1 more per-micro-batch costs h) and
-  exchange at least n·a + b·s for every minorant line (:func:`comm_minorant`); the best allowed option.
+  exchange at least n·a + b·s for every minorant line (:func:`comm_minorant`) and, on tables that grow with
+  size, n·ĉ(s/n) with ĉ the exchange's convex envelope over the pieces' sizes (:func:`chain_exchange`); the
+  best allowed option.
 * ``T_fixed + T_gemm`` = h: the per-micro-batch costs every rank holding tokens pays at least once: the launch
   cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). Since no micro-batch holds
   more than cap(L) tokens on a rank (full checkpointing), the ranks together pay h at least Σ s / cap(L) times:
@@ -49,7 +51,7 @@ from ..cost import CostModel, attention_pairs
 
 __all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
            "comm_minorant", "comm_lower", "comm_floor",
-           "exchange_bound"]
+           "chain_exchange", "exchange_bound"]
 
 
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -105,7 +107,7 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     # as a chain: at least two pieces, and as many as its length needs (piece cap: cp · cap(L), and --max-len)
     limit = min(cp * float(cost.token_caps.max()), float(split_len) if split_len else math.inf)
     pieces = np.maximum(2.0, np.ceil(s / max(limit, 1.0)))
-    unit = shard + comm_lower(s, cost, pieces) + (pieces - 1) * h
+    unit = shard + np.maximum(comm_lower(s, cost, pieces) + (pieces - 1) * h, chain_exchange(s, cost, limit, pieces))
     if cp > 1 and whole_shard.any():
         unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + comm_floor(s[whole_shard], cost))
     # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
@@ -184,6 +186,45 @@ def comm_floor(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
     idx = np.searchsorted(pts, x, side="left")
     later = np.where(idx < pts.size, suffix[np.minimum(idx, pts.size - 1)], np.inf)
     return np.minimum(cost.cp_comm_s(x, 0), later)
+
+
+def chain_exchange(lengths: np.ndarray, cost: CostModel, limit: float, pieces: np.ndarray) -> np.ndarray:
+    """Least exchange plus extra micro-batch costs of a sharded chain: at least ``pieces`` pieces of at most
+    ``limit`` tokens, each in its own micro-batch, whose exchange is at least cp_comm_s(piece) (a micro-batch
+    holds at least that piece; the exchange grows with size on the tables this applies to). With ĉ the lower
+    convex envelope of the exchange on (0, limit] and c0 its latency floor, n pieces pay at least
+    max(n·ĉ(s/n), n·c0) (Jensen) plus (n − 1)·h; the least over n. Tighter than the minorant when the table is
+    concave over the pieces' sizes (it usually is: bandwidth grows with message size). Zero when the exchange
+    does not grow with size on the table (then only :func:`comm_lower` applies). O(samples · n)."""
+    s = np.asarray(lengths, dtype=np.float64)
+    if cost.cfg.cp <= 1 or not math.isfinite(limit) or s.size == 0:
+        return np.zeros_like(s)
+    pts = _breakpoints(cost)
+    pts = np.concatenate([pts[pts < limit], [limit]])
+    vals = cost.cp_comm_s(pts, 0)
+    c0 = float(cost.cp_comm_s(1e-9, 0))
+    if np.any(np.diff(vals) < 0) or vals[0] < c0:
+        return np.zeros_like(s)
+    hull = [(0.0, c0)]
+    for x, y in zip(pts.tolist(), vals.tolist(), strict=True):  # lower convex hull, left to right
+        while len(hull) >= 2 and ((hull[-1][1] - hull[-2][1]) * (x - hull[-2][0])
+                                  >= (y - hull[-2][1]) * (hull[-1][0] - hull[-2][0])):
+            hull.pop()
+        hull.append((x, y))
+    shrink = 1 - 1e-9
+    lines = [((y2 - y1) / (x2 - x1), y1 - (y2 - y1) / (x2 - x1) * x1) for (x1, y1), (x2, y2) in zip(hull, hull[1:],
+                                                                                               strict=False)]
+    h = per_micro_batch_s(cost)
+    n0 = np.asarray(pieces, dtype=np.float64) * np.ones_like(s)
+    best = np.full(s.shape, np.inf)
+    for extra in range(64):
+        n = n0 + extra
+        y = np.minimum(s / n, limit)
+        env = np.max([b * y + a for b, a in lines], axis=0)
+        best = np.minimum(best, np.maximum(n * env, n * c0) * shrink + (n - 1) * h)
+        if np.all((n + 1) * c0 * shrink + n * h >= best):  # more pieces cost more than the floor alone
+            return best
+    return np.minimum(best, (n + 1) * c0 * shrink + n * h)  # any larger n pays at least its floors
 
 
 def comm_lower(lengths: np.ndarray, cost: CostModel, pieces: np.ndarray | int = 1) -> np.ndarray:
