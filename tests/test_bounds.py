@@ -6,7 +6,8 @@ from helpers import make_cost
 
 from longpack.plan import MicroBatch, Piece, Plan, PlanError, Replica, Step
 from longpack.sim import simulate
-from longpack.sim.bounds import pair_bound, per_micro_batch_s as per_mb, sample_forms, step_lower_bound
+from longpack.sim.bounds import pair_bound, sample_forms, step_lower_bound
+from longpack.sim.bounds import per_micro_batch_s as per_mb
 
 
 def _random_plan(rng: np.random.Generator, world: int, cap: int) -> tuple[Plan, int]:
