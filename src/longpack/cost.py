@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import overload
 
 import numpy as np
 
@@ -160,15 +161,21 @@ class CostModel:
         return float(self.linear_s(tokens, ckpt_layers)) + attn + comm + self.fixed_s
 
     # --- communication --------------------------------------------------------------------------------------
-    def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None) -> float:
+    @overload
+    def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None) -> float: ...
+
+    @overload
+    def cp_comm_s(self, sharded_tokens: np.ndarray, ckpt_layers: int | None = None) -> np.ndarray: ...
+
+    def cp_comm_s(self, sharded_tokens: float | np.ndarray, ckpt_layers: int | None = None) -> float | np.ndarray:
         """K/V exchange for ``sharded_tokens`` tokens sharded over the CP group in one micro-batch: per layer an
         all-gather forward, an all-gather and a reduce-scatter backward, one more all-gather per recomputed layer.
         ``sharded_tokens`` may be an array."""
         cp = self.cfg.cp
-        if np.ndim(sharded_tokens):
+        if isinstance(sharded_tokens, np.ndarray) and sharded_tokens.ndim:
             if cp <= 1:
-                return np.zeros(np.shape(sharded_tokens))
-        elif cp <= 1 or sharded_tokens <= 0:
+                return np.zeros(sharded_tokens.shape)
+        elif cp <= 1 or float(sharded_tokens) <= 0:
             return 0.0
         k = self._k(ckpt_layers)
         nbytes = sharded_tokens * self._kv_bytes_per_token

@@ -29,6 +29,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -101,7 +102,13 @@ class HardwareSpec:
     def memory_bytes(self) -> float:
         return self.memory_gib * 2**30
 
-    def collective_s(self, kind: str, nbytes: float, *, group: int = 8) -> float:
+    @overload
+    def collective_s(self, kind: str, nbytes: float, *, group: int = 8) -> float: ...
+
+    @overload
+    def collective_s(self, kind: str, nbytes: np.ndarray, *, group: int = 8) -> np.ndarray: ...
+
+    def collective_s(self, kind: str, nbytes: float | np.ndarray, *, group: int = 8) -> float | np.ndarray:
         """Seconds for one collective moving ``nbytes`` (nccl-tests size convention) over ``group`` ranks.
 
         Piecewise-linear in size between measured points, flat at the smallest point (latency floor), linear
@@ -109,12 +116,13 @@ class HardwareSpec:
         at ``table_bus_gbps / inter_node_gbps`` times the cost. A group of one costs nothing. ``nbytes`` may be
         an array (then an array of seconds comes back).
         """
-        if np.ndim(nbytes):
-            return self._collective_array(kind, np.asarray(nbytes, dtype=np.float64), group)
-        if group <= 1 or nbytes <= 0:
+        if isinstance(nbytes, np.ndarray) and nbytes.ndim:
+            return self._collective_array(kind, nbytes.astype(np.float64), group)
+        size = float(nbytes)
+        if group <= 1 or size <= 0:
             return 0.0
         rows = self.collectives[kind]
-        mb = nbytes / MB
+        mb = size / MB
         floor = rows[0][1]
         if mb <= rows[0][0]:
             us = floor

@@ -235,28 +235,29 @@ class Unified(Planner):
         if chain_pos.size and c.tail:
             # memory-sized chains: pieces as long as memory allows beside the K/V store of what came before;
             # the last kept, the rest recomputed
-            cuts = [_memory_chain(int(lengths[i]), d, cost, k0, budget, limit) for i in chain_pos.tolist()]
-            if any(b is None for b in cuts):
+            found = [_memory_chain(int(lengths[i]), d, cost, k0, budget, limit) for i in chain_pos.tolist()]
+            cuts = [b for b in found if b is not None]
+            if len(cuts) < len(found):
                 return None
-            est = [_pieces_s(b, d, 1, cost, k0) for b in cuts]
+            chain_est = [_pieces_s(b, d, 1, cost, k0) for b in cuts]
             rank = None if d > 1 else 0
-            for g, members in enumerate(lpt(est, n_rep)):
+            for g, members in enumerate(lpt(chain_est, n_rep)):
                 for m in members:
                     i, b = int(chain_pos[m]), cuts[m]
                     tail[g].extend(MicroBatch((Piece(int(samples[i]), x, y, rank),), ckpt_layers=k0,
                                               recompute=j < len(b) - 2)
                                    for j, (x, y) in enumerate(zip(b, b[1:], strict=False)))
-                    rep_load[g] += est[m]
+                    rep_load[g] += chain_est[m]
         elif chain_pos.size:
             chunk = whole_len
             # keep as many chunks' activations as the cap holds (more than K when --max-len made chunks small)
             kept = max(c.split, cap // -(-chunk // d))
-            est = [self._chain_s(int(lengths[i]), chunk, d, kept, cost, k0) for i in chain_pos.tolist()]
-            for g, members in enumerate(lpt(est, n_rep)):
+            chain_est = [self._chain_s(int(lengths[i]), chunk, d, kept, cost, k0) for i in chain_pos.tolist()]
+            for g, members in enumerate(lpt(chain_est, n_rep)):
                 for m in members:
                     i = int(chain_pos[m])
                     tail[g].extend(_chain(int(samples[i]), int(lengths[i]), chunk, d, kept, k0))
-                    rep_load[g] += est[m]
+                    rep_load[g] += chain_est[m]
         # A replica's ranks each take max(comm, own work) + shared work (Eq. 2): local work up to the K/V
         # exchange time is free, so both greedy passes below price a placement by that, not by a plain sum.
         shared: list[list[int]] = [[] for _ in range(n_rep)]
