@@ -313,8 +313,8 @@ class _Layout:
         """Move own samples from a replica's regular micro-batches into its big and chain micro-batches, on the
         same CP rank, while that rank's own work stays under the micro-batch's K/V exchange (free by Eq. 2) and
         within the token cap and memory (activations held for the chain and the K/V store of its prefix). Only
-        micro-batches whose tokens no later one holds take guests: big ones, recomputed chunks (guests then pay
-        the second forward: 4/3 of their estimate) and a chain's last chunk. Empty regular micro-batches are
+        micro-batches whose tokens no later one holds take guests: big ones (guests then pay the checkpointed
+        layers' second forward), recomputed chunks (4/3 of their estimate) and a chain's last chunk. Empty regular micro-batches are
         dropped. Never slower by the estimate; O(pieces · tail)."""
         if self.d == 1 or not tail or not regular:
             return regular + tail
@@ -337,7 +337,8 @@ class _Layout:
                 held[chain.sample] = held.get(chain.sample, np.zeros(d)) + tokens
                 out_tail.append(mb)
                 continue
-            scale = 4 / 3 if mb.recompute else 1.0
+            # a guest pays what its host pays: the second forward of a recomputed chunk, checkpointed layers
+            scale = (4 / 3 if mb.recompute else 1.0) * (1 + mb.ckpt_layers / (3 * cost.layers))
             load = local - cost.fixed_s
             room = self.cap - tokens
             extra = []
