@@ -314,8 +314,8 @@ class _Layout:
         same CP rank, while that rank's own work stays under the micro-batch's K/V exchange (free by Eq. 2) and
         within the token cap and memory (activations held for the chain and the K/V store of its prefix). Only
         micro-batches whose tokens no later one holds take guests: big ones (guests then pay the checkpointed
-        layers' second forward), recomputed chunks (4/3 of their estimate) and a chain's last chunk. Empty regular micro-batches are
-        dropped. Never slower by the estimate; O(pieces · tail)."""
+        layers' second forward), recomputed chunks (4/3 of their estimate) and a chain's last chunk. Empty
+        regular micro-batches are dropped. Never slower by the estimate; O(pieces · tail)."""
         if self.d == 1 or not tail or not regular:
             return regular + tail
         d, cost = self.d, self.cost
