@@ -203,86 +203,71 @@ class Unified(Planner):
             return None
         seen.add(placement_key)
         n_rep = ctx.world // d
-        rep_load = np.zeros(n_rep)
-        rank_load = np.zeros((n_rep, d))
-        tail: list[list[MicroBatch]] = [[] for _ in range(n_rep)]  # big micro-batches, then chains
-        big_pos = np.flatnonzero(is_big)
-        if big_pos.size and c.tail:
-            # two-piece chains at the normal checkpointing: the head, what a rank cannot hold, is recomputed
-            rank = None if d > 1 else 0
-            heads = [max(0, int(lengths[i]) - d * _tail_tokens(cost, -(-int(lengths[i]) // d), k0, cap))
-                     for i in big_pos.tolist()]
-            est = np.array([_pieces_s([0, h, int(lengths[i])] if h else [0, int(lengths[i])], d, 1, cost, k0)
-                            for i, h in zip(big_pos.tolist(), heads, strict=True)])
-            est += np.array([cost.cp_comm_s(n, k0) for n in s[big_pos].tolist()])
-            for g, members in enumerate(lpt(est, n_rep)):
-                for m in members:
-                    i, head = int(big_pos[m]), heads[m]
-                    n, sample = int(lengths[i]), int(samples[i])
-                    tail[g].extend([MicroBatch((Piece(sample, 0, head, rank),), ckpt_layers=k0, recompute=True),
-                                    MicroBatch((Piece(sample, head, n, rank),), ckpt_layers=k0)] if head else
-                                   [MicroBatch((Piece(sample, 0, n, rank),), ckpt_layers=k0)])
-                    rep_load[g] += float(est[m])
-            big_pos = big_pos[:0]  # nothing left for checkpointed micro-batches: the step keeps the normal cap
-        if big_pos.size:
-            _, t_big = _times(s[big_pos], cost, d, kb)
-            est = t_big + np.array([cost.cp_comm_s(n, kb) for n in s[big_pos].tolist()])  # nothing hides it
-            for g, members in enumerate(lpt(est, n_rep)):
-                tail[g].extend(_big_micro_batches(big_pos[np.asarray(members, dtype=np.int64)], lengths, samples,
-                                                  cost.token_cap(kb), d, kb))
-                rep_load[g] += float(est[members].sum()) if members else 0.0
-        chain_pos = np.flatnonzero(is_chain)
-        if chain_pos.size and c.tail:
-            # memory-sized chains: pieces as long as memory allows beside the K/V store of what came before;
-            # the last kept, the rest recomputed
-            found = [_memory_chain(int(lengths[i]), d, cost, k0, budget, limit) for i in chain_pos.tolist()]
-            cuts = [b for b in found if b is not None]
-            if len(cuts) < len(found):
-                return None
-            chain_est = [_pieces_s(b, d, 1, cost, k0) for b in cuts]
-            rank = None if d > 1 else 0
-            for g, members in enumerate(lpt(chain_est, n_rep)):
-                for m in members:
-                    i, b = int(chain_pos[m]), cuts[m]
-                    tail[g].extend(MicroBatch((Piece(int(samples[i]), x, y, rank),), ckpt_layers=k0,
-                                              recompute=j < len(b) - 2)
-                                   for j, (x, y) in enumerate(zip(b, b[1:], strict=False)))
-                    rep_load[g] += chain_est[m]
-        elif chain_pos.size:
-            chunk = whole_len
-            # keep as many chunks' activations as the cap holds (more than K when --max-len made chunks small)
-            kept = max(c.split, cap // -(-chunk // d))
-            chain_est = [self._chain_s(int(lengths[i]), chunk, d, kept, cost, k0) for i in chain_pos.tolist()]
-            for g, members in enumerate(lpt(chain_est, n_rep)):
-                for m in members:
-                    i = int(chain_pos[m])
-                    tail[g].extend(_chain(int(samples[i]), int(lengths[i]), chunk, d, kept, k0))
-                    rep_load[g] += chain_est[m]
+        built = self._tail(batch, cost, c, k0, budget, limit, is_big, is_chain, n_rep)
+        if built is None:
+            return None
+        tail, rep_load, ckpt_big = built
         # A replica's ranks each take max(comm, own work) + shared work (Eq. 2): local work up to the K/V
         # exchange time is free, so both greedy passes below price a placement by that, not by a plain sum.
-        shared: list[list[int]] = [[] for _ in range(n_rep)]
-        sh_tokens = np.zeros(n_rep)
-        comm = np.zeros(n_rep)
-        for i in _heaviest_first(t_sh, np.flatnonzero(sharded)):
-            g = min(range(n_rep), key=lambda r: (rep_load[r] + t_sh[i] + cost.cp_comm_s(sh_tokens[r] + s[i], k0)
-                                                 - comm[r], r))
-            shared[g].append(i)
-            sh_tokens[g] += s[i]
-            rep_load[g] += float(t_sh[i]) + cost.cp_comm_s(sh_tokens[g], k0) - comm[g]
-            comm[g] = cost.cp_comm_s(sh_tokens[g], k0)
-        rep_load -= comm  # rep_load is now the shared compute (dist, big micro-batches, chains) alone
-        own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
-        # (Eq. 2 time, own load, rank): among ranks whose own work still hides under the exchange, the emptiest.
-        heap = [(float(comm[g] + rep_load[g]), 0.0, g * d + j) for g in range(n_rep) for j in range(d)]
-        heapq.heapify(heap)
-        for i in _heaviest_first(t_loc, np.flatnonzero(local)):
-            _, _, r = heapq.heappop(heap)
-            g, j = divmod(r, d)
-            own[g][j].append(i)
-            rank_load[g, j] += float(t_loc[i])
-            heapq.heappush(heap, (float(max(comm[g], rank_load[g, j]) + rep_load[g]), float(rank_load[g, j]), r))
-        step_cap = cost.token_cap(kb) if big_pos.size else cap
+        shared, comm = _deal_shared(_heaviest_first(t_sh, np.flatnonzero(sharded)), t_sh, s, rep_load, cost, k0)
+        own = _deal_own(_heaviest_first(t_loc, np.flatnonzero(local)), t_loc, comm, rep_load, d)
+        step_cap = cost.token_cap(kb) if ckpt_big else cap
         return _Layout(cost, d, k0, budget, step_cap, lengths, samples, t_loc, t_sh, shared, own, tail)
+
+    def _tail(self, batch: Batch, cost: CostModel, c: Candidate, k0: int, budget: int, limit: int,
+              is_big: np.ndarray, is_chain: np.ndarray, n_rep: int
+              ) -> tuple[list[list[MicroBatch]], np.ndarray, bool] | None:
+        """The micro-batches that follow a replica's packed ones: big samples (in checkpointed micro-batches of
+        their own, or as two-piece tail chains), then chains, each dealt heaviest first to the least-loaded
+        replica. Returns (per replica micro-batches, per replica estimated seconds, whether any micro-batch uses
+        the big samples' checkpointing), or None when memory cannot hold a chain."""
+        d, kb, cap = c.degree, c.ckpt, cost.token_cap(k0)
+        lengths, samples = batch.lengths, batch.samples
+        rank = None if d > 1 else 0
+        rep_load = np.zeros(n_rep)
+        tail: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
+        units: list[list[MicroBatch]] = []  # one list of micro-batches per big sample or chain, dealt below
+        est: list[float] = []
+        big_pos = np.flatnonzero(is_big)
+        ckpt_big = bool(big_pos.size) and not c.tail
+        if big_pos.size and c.tail:
+            # two-piece chains at the normal checkpointing: the head, what a rank cannot hold, is recomputed
+            for i in big_pos.tolist():
+                n, sample = int(lengths[i]), int(samples[i])
+                head = max(0, n - d * _tail_tokens(cost, -(-n // d), k0, cap))
+                cuts = [0, head, n] if head else [0, n]
+                units.append(_pieces(sample, cuts, rank, k0))
+                est.append(_pieces_s(cuts, d, 1, cost, k0) + cost.cp_comm_s(float(n), k0))
+        elif big_pos.size:
+            _, t_big = _times(lengths[big_pos].astype(np.float64), cost, d, kb)
+            big_est = t_big + np.array([cost.cp_comm_s(float(n), kb) for n in lengths[big_pos].tolist()])
+            for g, members in enumerate(lpt(big_est, n_rep)):  # nothing hides their exchange
+                tail[g].extend(_big_micro_batches(big_pos[np.asarray(members, dtype=np.int64)], lengths, samples,
+                                                  cost.token_cap(kb), d, kb))
+                rep_load[g] += float(big_est[members].sum()) if members else 0.0
+        first_chain = len(units)
+        for i in np.flatnonzero(is_chain).tolist():
+            n, sample = int(lengths[i]), int(samples[i])
+            if c.tail:
+                # memory-sized: pieces as long as memory allows beside the K/V store of what came before, the
+                # last kept, the rest recomputed
+                sized = _memory_chain(n, d, cost, k0, budget, limit)
+                if sized is None:
+                    return None
+                units.append(_pieces(sample, sized, rank, k0))
+                est.append(_pieces_s(sized, d, 1, cost, k0))
+            else:
+                chunk = min(budget * d, limit)
+                # keep as many chunks' activations as the cap holds (more than K when --max-len made them small)
+                kept = max(c.split, cap // -(-chunk // d))
+                units.append(_chain(sample, n, chunk, d, kept, k0))
+                est.append(self._chain_s(n, chunk, d, kept, cost, k0))
+        for lo, hi in ((0, first_chain), (first_chain, len(units))):  # big samples first, then chains
+            for g, members in enumerate(lpt(est[lo:hi], n_rep)):
+                for m in members:
+                    tail[g].extend(units[lo + m])
+                    rep_load[g] += est[lo + m]
+        return tail, rep_load, ckpt_big
 
     @staticmethod
     def _chain_s(n: int, chunk: int, d: int, split: int, cost: CostModel, k: int) -> float:
@@ -485,6 +470,51 @@ def _memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: i
         pos = min(head, pos + min(room * d, limit))
         bounds.append(pos)
     return bounds + [n] if head else [0, n]
+
+
+def _pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int) -> list[MicroBatch]:
+    """A chain with pieces [cuts[j], cuts[j+1]), one per micro-batch, all but the last recomputed."""
+    return [MicroBatch((Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < len(cuts) - 2)
+            for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
+
+
+def _deal_shared(order: list[int], t_sh: np.ndarray, s: np.ndarray, rep_load: np.ndarray, cost: CostModel, k: int
+                 ) -> tuple[list[list[int]], np.ndarray]:
+    """Sharded samples (given heaviest first) to replicas: each to the one whose load grows least, counting its
+    share and how much it lengthens that replica's K/V exchange. Updates ``rep_load`` to the shared compute
+    alone (exchange taken out) and returns (samples per replica, exchange seconds per replica). O(n · replicas)."""
+    n_rep = rep_load.size
+    shared: list[list[int]] = [[] for _ in range(n_rep)]
+    sh_tokens = np.zeros(n_rep)
+    comm = np.zeros(n_rep)
+    for i in order:
+        g = min(range(n_rep), key=lambda r: (rep_load[r] + t_sh[i] + cost.cp_comm_s(sh_tokens[r] + s[i], k)
+                                             - comm[r], r))
+        shared[g].append(i)
+        sh_tokens[g] += s[i]
+        rep_load[g] += float(t_sh[i]) + cost.cp_comm_s(sh_tokens[g], k) - comm[g]
+        comm[g] = cost.cp_comm_s(sh_tokens[g], k)
+    rep_load -= comm
+    return shared, comm
+
+
+def _deal_own(items: list[int], t_loc: np.ndarray, comm: np.ndarray, base: np.ndarray, d: int
+              ) -> list[list[list[int]]]:
+    """Own samples (given heaviest first) to the ranks of len(comm) replicas of d ranks: each to the rank whose
+    Eq. 2 time max(exchange, own work) + shared work is least, ties to the emptiest (own work that still hides
+    under the exchange is free). O(items · log(ranks))."""
+    n_rep = len(comm)
+    own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
+    load = np.zeros((n_rep, d))
+    heap = [(float(comm[g] + base[g]), 0.0, g * d + j) for g in range(n_rep) for j in range(d)]
+    heapq.heapify(heap)
+    for i in items:
+        _, _, r = heapq.heappop(heap)
+        g, j = divmod(r, d)
+        own[g][j].append(i)
+        load[g, j] += float(t_loc[i])
+        heapq.heappush(heap, (float(max(comm[g], load[g, j]) + base[g]), float(load[g, j]), r))
+    return own
 
 
 def _heaviest_first(t: np.ndarray, pos: np.ndarray) -> list[int]:
