@@ -139,6 +139,14 @@ def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
         return [(0.0, 0.0)]
     c0 = cost.cp_comm_s(1e-9, 0)
     pts = [(0.0, c0)] + [(x, cost.cp_comm_s(x, 0)) for x in _breakpoints(cost).tolist()]
+    shrink = 1 - 1e-9  # rounding margin: stay strictly under the exchange
+    lines = [(c0 * shrink, 0.0), (0.0, min(y / x for x, y in pts[1:]) * shrink)]
+    lines += [(icpt * shrink, slope * shrink) for icpt, slope in _hull_edges(pts) if icpt >= 0]
+    return lines
+
+
+def _hull_edges(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(intercept, slope) of each edge of the lower convex hull of ``pts`` (given by increasing x)."""
     hull: list[tuple[float, float]] = []
     for p in pts:
         while len(hull) >= 2:
@@ -148,14 +156,11 @@ def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
             else:
                 break
         hull.append(p)
-    shrink = 1 - 1e-9  # rounding margin: stay strictly under the exchange
-    lines = [(c0 * shrink, 0.0), (0.0, min(y / x for x, y in pts[1:]) * shrink)]
+    edges = []
     for (x1, y1), (x2, y2) in zip(hull, hull[1:], strict=False):
         slope = (y2 - y1) / (x2 - x1)
-        icpt = y1 - slope * x1
-        if icpt >= 0:
-            lines.append((icpt * shrink, slope * shrink))
-    return lines
+        edges.append((y1 - slope * x1, slope))
+    return edges
 
 
 def _recomputed(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -205,22 +210,15 @@ def chain_exchange(lengths: np.ndarray, cost: CostModel, limit: float, pieces: n
     c0 = float(cost.cp_comm_s(1e-9, 0))
     if np.any(np.diff(vals) < 0) or vals[0] < c0:
         return np.zeros_like(s)
-    hull = [(0.0, c0)]
-    for x, y in zip(pts.tolist(), vals.tolist(), strict=True):  # lower convex hull, left to right
-        while len(hull) >= 2 and ((hull[-1][1] - hull[-2][1]) * (x - hull[-2][0])
-                                  >= (y - hull[-2][1]) * (hull[-1][0] - hull[-2][0])):
-            hull.pop()
-        hull.append((x, y))
+    lines = _hull_edges([(0.0, c0), *zip(pts.tolist(), vals.tolist(), strict=True)])
     shrink = 1 - 1e-9
-    lines = [((y2 - y1) / (x2 - x1), y1 - (y2 - y1) / (x2 - x1) * x1) for (x1, y1), (x2, y2) in zip(hull, hull[1:],
-                                                                                               strict=False)]
     h = per_micro_batch_s(cost)
     n0 = np.asarray(pieces, dtype=np.float64) * np.ones_like(s)
     best = np.full(s.shape, np.inf)
     for extra in range(64):
         n = n0 + extra
         y = np.minimum(s / n, limit)
-        env = np.max([b * y + a for b, a in lines], axis=0)
+        env = np.max([a + b * y for a, b in lines], axis=0)
         best = np.minimum(best, np.maximum(n * env, n * c0) * shrink + (n - 1) * h)
         if np.all((n + 1) * c0 * shrink + n * h >= best):  # more pieces cost more than the floor alone
             return best
