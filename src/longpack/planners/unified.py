@@ -435,16 +435,22 @@ def _pieces_s(bounds: list[int], d: int, kept: int, cost: CostModel, k: int) -> 
     return total
 
 
+def _memory_terms(cost: CostModel, k: int) -> tuple[float, float, float]:
+    """(activation bytes per token with k checkpointed layers, K/V store bytes per prefix token, bytes a rank has
+    for both) of :meth:`CostModel.memory_bytes`."""
+    act = cost.hw.fragmentation * cost.act_bytes_per_token(k)
+    kv = float(cost.kv_store_bytes(1.0))
+    return act, kv, cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30
+
+
 def _tail_tokens(cost: CostModel, per_rank: int, k: int, cap: int) -> int:
     """Most of a sample's ``per_rank`` tokens a rank can keep as the last piece of a chain with ``k``
     checkpointed layers: its activations plus the K/V store of the head before it must fit memory, and the cap.
     O(1) plus a short correction loop."""
     if cost.memory_bytes(per_rank, k) <= cost.hw.memory_bytes and per_rank <= cap:
         return per_rank
-    act = cost.hw.fragmentation * cost.act_bytes_per_token(k)
-    kv = float(cost.kv_store_bytes(1.0))
-    free = cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30 - kv * per_rank
-    n = min(cap, per_rank, int(free // (act - kv))) if act > kv else 0
+    act, kv, free = _memory_terms(cost, k)
+    n = min(cap, per_rank, int((free - kv * per_rank) // (act - kv))) if act > kv else 0
     while n > 0 and cost.memory_bytes(n, k, per_rank - n) > cost.hw.memory_bytes:
         n -= 1
     return max(n, 0)
@@ -459,9 +465,7 @@ def _memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: i
     if tail <= 0:
         return None
     head = max(0, n - tail)
-    act = cost.hw.fragmentation * cost.act_bytes_per_token(k)
-    kv = float(cost.kv_store_bytes(1.0))
-    free = cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30
+    act, kv, free = _memory_terms(cost, k)
     bounds, pos = [0], 0
     while pos < head:
         room = min(budget, int((free - kv * pos / d) // act))
