@@ -1,4 +1,5 @@
-"""The lower bound against random valid plans: no plan the simulator accepts (within memory) may beat it."""
+"""The lower bound against random valid plans: no plan may beat it (plans over memory: the bound that ignores
+memory)."""
 
 import numpy as np
 import pytest
@@ -48,9 +49,7 @@ def test_lower_bound_holds_for_random_plans(model, layout):
             plan.validate()
         except PlanError:
             continue
-        rep = simulate(plan, cost).steps[0]
-        if rep.oom:
-            continue
+        rep = simulate(plan, cost).steps[0]  # a plan over memory is held to the bound that ignores memory
         checked += 1
         assert rep.lower_bound_s <= rep.time_s * (1 + 1e-12), plan.to_json()
     assert checked >= 100

@@ -75,7 +75,8 @@ class Forms(NamedTuple):
     """Per-sample lower bounds on this cost model: ``work`` (GPU-seconds), ``unit`` (time of the sample alone),
     ``shard`` (one rank's compute when it runs sharded, whole or as a chain), ``local`` (its time when all of
     it runs on one rank, whole or as a chain) and ``whole_shard`` (whether memory lets it run sharded whole, in
-    one micro-batch, with some checkpointing) and ``chain_pieces`` (fewest pieces it has as a sharded chain)."""
+    one micro-batch, with some checkpointing), ``chain_pieces`` (fewest pieces it has as a sharded chain) and
+    ``cap`` (most tokens a rank can hold in one micro-batch; infinite for a bound that ignores memory)."""
 
     work: np.ndarray
     unit: np.ndarray
@@ -83,10 +84,13 @@ class Forms(NamedTuple):
     local: np.ndarray
     whole_shard: np.ndarray
     chain_pieces: np.ndarray
+    cap: float
 
 
-def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = None) -> Forms:
-    """The bounds of :class:`Forms` for each sample (see :func:`sample_work`)."""
+def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = None, memory: bool = True) -> Forms:
+    """The bounds of :class:`Forms` for each sample (see :func:`sample_work`). ``memory=False`` drops what the
+    memory limit forces (recompute, checkpointing, chains for lack of room): a bound for plans that run out of
+    memory too."""
     s = np.asarray(lengths, dtype=np.float64)
     cp = cost.cfg.cp
     pairs = np.asarray(attention_pairs(0, s, cost.cfg.causal_factor), dtype=np.float64)
@@ -98,33 +102,34 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     fwd = lin / (3.0 * np.maximum(s, 1.0))  # linear forward seconds per token
     q_shard = piece / (2 * cp) if cp > 1 else piece
     shard = (np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0))
-             + fwd * _recomputed(s / cp, cost))
+             + fwd * _recomputed(s / cp, cost, memory))
     work = cp * shard
     # A chain runs its pieces in separate micro-batches (the Plan allows one piece of a sample per micro-batch):
     # at least one more per-micro-batch cost h than a whole sample; sharded whole it pays its own full exchange.
     h = per_micro_batch_s(cost)
-    whole_shard = (min_ckpt(s / cp, cost) >= 0) & (s <= piece)
+    whole_shard = ((min_ckpt(s / cp, cost) >= 0) if memory else True) & (s <= piece)
     # as a chain: at least two pieces, and as many as its length needs (piece cap: cp · cap(L), and --max-len)
-    limit = min(cp * float(cost.token_caps.max()), float(split_len) if split_len else math.inf)
+    cap = float(cost.token_caps.max()) if memory else math.inf
+    limit = min(cp * cap, float(split_len) if split_len else math.inf)
     pieces = np.maximum(2.0, np.ceil(s / max(limit, 1.0)))
     unit = shard + np.maximum(comm_lower(s, cost, pieces) + (pieces - 1) * h, chain_exchange(s, cost, limit, pieces))
     if cp > 1 and whole_shard.any():
         unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + comm_floor(s[whole_shard], cost))
     # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
     # checkpointed.
-    chain = lin + fwd * _recomputed(s, cost) + np.asarray(cost.attn_s(pairs, piece, 0))
+    chain = lin + fwd * _recomputed(s, cost, memory) + np.asarray(cost.attn_s(pairs, piece, 0))
     work = np.minimum(work, chain)
     unit = np.minimum(unit, chain + h)
     one_rank = chain.copy()
     # Whole on one rank, with the fewest checkpointed layers that fit.
-    k = np.where(s <= piece, min_ckpt(s, cost), -1)
+    k = np.where(s <= piece, min_ckpt(s, cost) if memory else 0, -1)
     for kk in np.unique(k[k >= 0]).tolist():
         at = k == kk
         local = np.asarray(cost.linear_s(s[at], kk, ideal=True)) + np.asarray(cost.attn_s(pairs[at], s[at], kk))
         work[at] = np.minimum(work[at], local)
         unit[at] = np.minimum(unit[at], local)
         one_rank[at] = np.minimum(one_rank[at], local)
-    return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1), pieces)
+    return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1), pieces, cap)
 
 
 def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
@@ -163,10 +168,12 @@ def _hull_edges(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return edges
 
 
-def _recomputed(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
+def _recomputed(tokens: np.ndarray, cost: CostModel, memory: bool = True) -> np.ndarray:
     """Fewest tokens' worth of linear forward a rank runs twice when it must hold the activations of ``tokens``
     tokens of one sample: min over k checkpointed layers of (n − cap(k))⁺ (dropped, recomputed) + (k/L)·min(n,
     cap(k)) (checkpointed layers run their forward again)."""
+    if not memory:
+        return np.zeros(np.shape(tokens))
     n = np.asarray(tokens, dtype=np.float64)[:, None]
     caps = cost.token_caps[None, :]
     ks = np.arange(cost.layers + 1)[None, :]
@@ -239,10 +246,11 @@ def per_micro_batch_s(cost: CostModel) -> float:
 
 
 def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int] | None = None,
-                     split_len: int | None = None) -> float:
+                     split_len: int | None = None, memory: bool = True) -> float:
     """Lower bound on the time of one step holding samples of ``lengths`` (see module docstring): the least over
     the CP ``degrees`` a step may use (default: the cost model's), each with world/degree replicas; ``split_len``
-    as in :func:`sample_work`."""
+    as in :func:`sample_work`. It holds for plans within memory; ``memory=False`` gives the weaker bound that
+    also holds for plans over memory (no recompute, checkpointing or chains forced by it)."""
     if len(lengths) == 0:
         return 0.0
     world = cost.cfg.dp * cost.cfg.cp
@@ -250,12 +258,12 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
     tokens = float(np.sum(lengths))
     for d in degrees or (cost.cfg.cp,):
         c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
-        forms = sample_forms(lengths, c, split_len)
+        forms = sample_forms(lengths, c, split_len, memory)
         work, unit = forms.work, forms.unit
         h = per_micro_batch_s(c)
         # Every micro-batch holds at most cap(L) tokens per rank, so the ranks run >= Σ s / cap(L) of them.
-        spread = max(float(work.sum()) / world + h, (float(work.sum()) + h * tokens / max(1, c.token_cap(c.layers)))
-                     / world)
+        per_mb = max(1, c.token_cap(c.layers)) if memory else math.inf
+        spread = max(float(work.sum()) / world + h, (float(work.sum()) + h * tokens / per_mb) / world)
         busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d))
         busiest = exchange_bound(lengths, forms, c, world // d, busiest)
         out = min(out, busiest + c.grad_allreduce_s())
@@ -296,7 +304,7 @@ def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int
     whole = np.where(forms.whole_shard, comm_floor(s, cost), np.inf)  # sharded whole: one micro-batch
     d = cost.cfg.cp
     together = forms.whole_shard[i] & forms.whole_shard[j] & (np.ceil(s[i] / d) + np.ceil(s[j] / d)
-                                                              <= float(cost.token_caps.max()))
+                                                              <= forms.cap)
     one_mb = np.where(together, comm_floor(s[i] + s[j], cost), np.inf)
     both = sh[i] + sh[j] + np.minimum(one_mb, comm_lower(s[i] + s[j], cost, 2) + h)
     i_sh = sh[i] + np.minimum(np.maximum(whole[i], loc[j]), np.maximum(cl[i], loc[j]) + h)

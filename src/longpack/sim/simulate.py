@@ -175,15 +175,15 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     has_work = any(mb.pieces for rep in reps for mb in rep.micro_batches)
     allreduce = cost.grad_allreduce_s() if has_work else 0.0
     slowest = max(replica_s, default=0.0)
+    oom = tuple(int(i) for i in np.flatnonzero(peak > cost.hw.memory_bytes))
     lb = 0.0
-    if has_work and bound:
+    if has_work and bound:  # a step over memory is held to the bound that ignores memory
         lengths = [plan.effective_length(p.sample) for rep in reps for mb in rep.micro_batches for p in mb.pieces
                    if p.start == 0]
         world = len(reps) * cp
         lb = step_lower_bound(np.asarray(lengths, dtype=np.float64), run_cost,
                               degrees=[d for d in range(1, world + 1) if world % d == 0],
-                              split_len=plan.meta.get("overlong", {}).get("split_len"))
-    oom = tuple(int(i) for i in np.flatnonzero(peak > cost.hw.memory_bytes))
+                              split_len=plan.meta.get("overlong", {}).get("split_len"), memory=not oom)
     return StepReport(step=index, cp=cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
                       bubble_ratio=max(bubbles, default=0.0),
                       replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
