@@ -115,27 +115,33 @@ def test_hf_trl_sft_trainer_with_longpack_matches_longpack_trainer(tmp_path):
         assert float((grab2.grads[name] - g).norm() / g.norm()) <= RTOL, name
 
 
-def _example(*launcher):
+def _example(out_dir, *launcher):
     import re
     import subprocess
     import sys
     from pathlib import Path
 
     script = str(Path(__file__).resolve().parent.parent / "examples" / "hf_trainer.py")
-    cmd = [*launcher, script, "--steps", "3"] if launcher else [sys.executable, script, "--steps", "3"]
+    args = [script, "--steps", "3", "--output-dir", str(out_dir)]
+    cmd = [*launcher, *args] if launcher else [sys.executable, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    if proc.returncode != 0:
+        # torchrun's own traceback fills the tail; the failing worker's message comes before it
+        lines = proc.stderr.splitlines()
+        cause = [ln for ln in lines if re.search(r"Error|error|terminate|what\(\)|Abort|abort", ln)]
+        raise AssertionError("\n".join(cause[:40]) + "\n--- tail ---\n" + proc.stderr[-1500:])
     return [float(x) for x in re.findall(r"\{'loss': '([0-9.]+)'", proc.stdout + proc.stderr)]
 
 
-def test_hf_example_one_and_two_processes_train_the_same_losses():
+def test_hf_example_one_and_two_processes_train_the_same_losses(tmp_path):
     """The example under python and under torchrun with 2 CPU processes (gloo): the same samples per step and the
     exact global token mean give the same loss curve."""
     import shutil
     import sys
     from pathlib import Path
 
-    single = _example()
+    single = _example(tmp_path / "one")
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    double = _example(torchrun, "--nproc-per-node", "2")
+    # --standalone: the rendezvous takes a free port, not the fixed 29500 another job on the machine may hold
+    double = _example(tmp_path / "two", torchrun, "--standalone", "--nproc-per-node", "2")
     assert len(single) == 3 and single == pytest.approx(double, rel=1e-3)
