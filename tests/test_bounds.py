@@ -137,3 +137,23 @@ def test_chain_exchange_bound_is_tight_and_below_a_real_chain(cut):
     rep = simulate(plan, cost).steps[0]
     assert rep.lower_bound_s <= rep.time_s * (1 + 1e-12)
     assert cost.cp_comm_s(float(head)) + cost.cp_comm_s(float(s - head)) >= env[0] - per_mb(cost)
+
+
+def test_lower_bound_counts_the_micro_batches_a_rank_must_run():
+    """Short samples on one GPU: any plan runs their tokens in micro-batches of at most cap(k) tokens, paying h
+    each (or recomputing checkpointed layers to hold more), so the bound charges Σ s / cap(0) micro-batches here
+    and sits within 1% of the packed plan, which needs ceil of that."""
+    from longpack.planners import PlanContext, get_planner, global_batches
+    from longpack.sim.bounds import memory_caps
+
+    cost = make_cost("qwen2.5-0.5b", "h100", dp=1, cp=1)
+    cap0 = float(memory_caps(cost)[0])
+    x = np.random.default_rng(0).integers(500, 3000, 4000)
+    x = x[: np.searchsorted(np.cumsum(x), 5.5 * cap0)]
+    work = float(sample_forms(x, cost).work.sum())
+    lb = step_lower_bound(x, cost)
+    assert lb >= (work + per_mb(cost) * x.sum() / cap0 + cost.grad_allreduce_s()) * (1 - 1e-9)
+    plan = get_planner("bfd").plan(x, global_batches(len(x), len(x), seed=0, steps=1), PlanContext(cost=cost))
+    step = simulate(plan, cost).steps[0]
+    assert len(plan.steps[0].replicas[0].micro_batches) == int(np.ceil(x.sum() / cap0))
+    assert 0.99 * step.time_s <= lb <= step.time_s

@@ -22,10 +22,12 @@ Knobs (each is one paper's lever, made a choice instead of a fixed setting):
 * **Budget split** K in {1, 2, 4} (and 8 with pp > 1): a micro-batch holds at most B = cap(k) // K tokens per rank.
   Samples longer than B·d become ChunkFlow chains of chunks of B·d tokens whose first N − K chunks are recomputed,
   so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline bubbles when pp > 1.
-* **Sharding threshold** α in {∞, 2, 1, 1/2}: a sample that fits one rank (s ≤ B) is still sharded over the
-  CP group when its whole-rank time exceeds α·τ, where τ is the mean rank load if every sample ran whole
-  (compute-driven sharding, which Skrull's DACP never does: it shards only for memory). Samples with
-  B < s ≤ B·d are always sharded (memory-forced, as in DACP).
+* **Sharding threshold** α in {∞, 2, 1, 1/2, unit}: a sample that fits one rank (s ≤ B) is still sharded over
+  the CP group when its whole-rank time exceeds α·τ, where τ is the mean rank load if every sample ran whole
+  (compute-driven sharding, which Skrull's DACP never does: it shards only for memory); ``unit`` shards it when
+  its whole-rank time exceeds the step's longest unit instead (the largest share plus own exchange of a
+  forced-sharded sample), so on wide CP groups, whose exchange crosses nodes, every sample that can end
+  within that unit stays whole. Samples with B < s ≤ B·d are always sharded (memory-forced, as in DACP).
 
 Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s² are balanced):
 
@@ -48,9 +50,9 @@ micro-batch counts, determinism (every tie broken by position). The candidate (d
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
 Cost: C candidates × (O(n log n + n·m) placement + O(pieces) simulation) + 3 × ``refine`` moves × O(pieces of two
-replicas); C ≤ |degrees| · 3 · 4 · 4, fewer after removing candidates that give the same placement; 46 ms median
+replicas); C ≤ |degrees| · 3 · 4 · 5, fewer after removing candidates that give the same placement; 46 ms median
 per 256-sample batch at DP4·CP8 (bench/planning.py, docs/BENCHMARKS.md). Options: ``degrees`` (comma-separated CP
-degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none),
+degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none, ``unit``),
 ``refine`` (local-search moves, default 32; 0 turns it off), ``shard_chains``
 (0: chains only at CP degree 1 — what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
 """
@@ -59,7 +61,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,7 +75,8 @@ from .packers import lpt
 
 __all__ = ["Unified", "Candidate"]
 
-ALPHAS = (math.inf, 2.0, 1.0, 0.5)
+UNIT = -1.0  # the sharding threshold at the step's longest unit (``alphas=unit``), not a multiple of τ
+ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT)
 
 
 class Candidate(NamedTuple):
@@ -132,7 +136,7 @@ class Unified(Planner):
             if d < 1 or world % d:
                 raise ValueError(f"--opt degrees: {d} must divide the world size {world} (--dp x --cp)")
         splits = _numbers(ctx, "splits", int, "1,2,4") or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
-        alphas = _numbers(ctx, "alphas", float, "inf,1,0.5") or list(ALPHAS)
+        alphas = _numbers(ctx, "alphas", _alpha, "inf,1,0.5,unit") or list(ALPHAS)
         longest = float(batch.lengths.max())
         k0 = ctx.ckpt_layers
         out = []
@@ -192,7 +196,13 @@ class Unified(Planner):
         fits_rank = (lengths <= budget) & ~is_chain & ~is_big
         tau = float(t_loc[fits_rank].sum() + t_sh[~fits_rank].sum() * d) / ctx.world
         sharded = ~fits_rank & ~is_chain & ~is_big
-        if d > 1 and math.isfinite(c.alpha):
+        if d > 1 and c.alpha == UNIT and not fits_rank.all():
+            # keep whole every sample that ends before the step's longest unit (a forced-sharded sample's share
+            # plus its own exchange), shard the rest
+            forced = np.flatnonzero(~fits_rank)
+            unit = float(np.max(t_sh[forced] + cost.cp_comm_s(s[forced], k0)))
+            sharded |= fits_rank & (t_loc > unit)
+        elif d > 1 and math.isfinite(c.alpha) and c.alpha > 0:
             sharded |= fits_rank & (t_loc > c.alpha * tau)
         local = fits_rank & ~sharded
         if d == 1:
@@ -623,7 +633,7 @@ def _deal(shared: list[int], own: list[list[int]], lengths: np.ndarray, t_loc: n
     return sh_of, own_of
 
 
-def _numbers(ctx: PlanContext, name: str, cast: type, example: str) -> list:
+def _numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: str) -> list:
     """Comma-separated values of option ``name`` ([] when not given), or one line naming the option and the fix."""
     text = ctx.option(name, None)
     if text is None or text == "":
@@ -631,8 +641,18 @@ def _numbers(ctx: PlanContext, name: str, cast: type, example: str) -> list:
     try:
         return [cast(x) for x in str(text).split(",")]
     except ValueError:
-        raise ValueError(f"--opt {name}={text!r}: expected comma-separated {cast.__name__}s, e.g. "
-                         f"{name}={example}") from None
+        kind = {"int": "integers", "float": "numbers", "_alpha": "positive numbers, inf or unit"}[cast.__name__]
+        raise ValueError(f"--opt {name}={text!r}: expected comma-separated {kind}, e.g. {name}={example}") from None
+
+
+def _alpha(text: str) -> float:
+    """A sharding threshold of ``--opt alphas``: a float (multiple of τ, ``inf`` for none) or ``unit``."""
+    if text.strip().lower() == "unit":
+        return UNIT
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
 
 
 def _flag(value: object) -> bool:

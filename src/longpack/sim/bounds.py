@@ -18,9 +18,11 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
   size, n·ĉ(s/n) with ĉ the exchange's convex envelope over the pieces' sizes (:func:`chain_exchange`); the
   best allowed option.
 * ``T_fixed + T_gemm`` = h: the per-micro-batch costs every rank holding tokens pays at least once: the launch
-  cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). Since no micro-batch holds
-  more than cap(L) tokens on a rank (full checkpointing), the ranks together pay h at least Σ s / cap(L) times:
-  the spread term is also at least (Σ W + h·Σ s / cap(L)) / (dp·cp).
+  cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). A micro-batch with k
+  checkpointed layers holds at most cap(k) tokens on a rank and runs those layers' forward again, so a token of
+  a sample whose cheapest form needs no memory-forced recompute costs its ranks at least min_k(h/cap(k) +
+  (k/L)·f) beyond W (f: one linear forward per token), any other token at least h/max cap
+  (:func:`micro_batch_overhead`): the spread term is also at least (Σ W + that overhead) / (dp·cp).
 * ``P``, two samples on one replica (:func:`pair_bound`): with r replicas, two of the r + 1 samples of largest
   U share a replica, and the least any such pair can cost there is a bound (both sharded pay both shares and
   the exchange of both; one sharded waits for its exchange or for the other's whole-rank work).
@@ -51,7 +53,7 @@ from ..cost import CostModel, attention_pairs
 
 __all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
            "comm_minorant", "comm_lower", "comm_floor",
-           "chain_exchange", "exchange_bound"]
+           "chain_exchange", "exchange_bound", "memory_caps", "micro_batch_overhead"]
 
 
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -240,6 +242,36 @@ def comm_lower(lengths: np.ndarray, cost: CostModel, pieces: np.ndarray | int = 
     return np.max([a * n + b * s for a, b in comm_minorant(cost)], axis=0)
 
 
+def memory_caps(cost: CostModel) -> np.ndarray:
+    """Most tokens a rank can hold in one micro-batch within memory, for k = 0 .. layers checkpointed layers
+    (real-valued; a configured token cap is the planners' choice, not a limit on every plan)."""
+    free = cost.hw.memory_bytes - cost.hw.reserve_gib * 2**30 - cost.static_bytes
+    act = np.array([cost.hw.fragmentation * cost.act_bytes_per_token(k) for k in range(cost.layers + 1)])
+    return np.maximum(free, 0.0) / act
+
+
+def micro_batch_overhead(lengths: np.ndarray, forms: Forms, free_forms: Forms, cost: CostModel) -> float:
+    """GPU-seconds every plan within memory pays beyond Σ W for its micro-batches: a rank pays h per micro-batch
+    it holds tokens in, and a micro-batch with k checkpointed layers holds at most cap(k) tokens per rank and
+    runs the forward of those layers again, (k/L)·f per token (f: one forward of the linear work per token). For
+    the tokens of samples whose cheapest form needs no memory-forced recompute (W equals its memory-free value,
+    so W charges them no recompute), each micro-batch thus pays at least tokens·min_k(h/cap(k) + (k/L)·f); for
+    the other tokens (W already charges their forced recompute) at least tokens·h/max_k cap(k). Summed over the
+    ranks and micro-batches, with Σ_ranks tokens >= Σ s. O(samples + layers)."""
+    s = np.asarray(lengths, dtype=np.float64)
+    caps = memory_caps(cost)
+    ok = caps >= 1.0
+    if not ok.any():
+        return 0.0
+    h = per_micro_batch_s(cost)
+    f = float(cost.linear_s(1.0, cost.layers, ideal=True)) - float(cost.linear_s(1.0, 0, ideal=True))
+    ks = np.arange(cost.layers + 1, dtype=np.float64)
+    per_token = float(np.min((h / caps + ks / cost.layers * f)[ok]))
+    free = free_forms.work >= forms.work * (1 - 1e-12)
+    shrink = 1 - 1e-9  # rounding margin
+    return (per_token * float(s[free].sum()) + h * float(s[~free].sum()) / float(caps.max())) * shrink
+
+
 def per_micro_batch_s(cost: CostModel) -> float:
     """What a rank holding tokens pays per micro-batch beyond its work: launch cost + small-GEMM loss."""
     return cost.fixed_s + float(cost.linear_s(1.0, 0)) - float(cost.linear_s(1.0, 0, ideal=True))
@@ -255,15 +287,14 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         return 0.0
     world = cost.cfg.dp * cost.cfg.cp
     out = math.inf
-    tokens = float(np.sum(lengths))
     for d in degrees or (cost.cfg.cp,):
         c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
         forms = sample_forms(lengths, c, split_len, memory)
         work, unit = forms.work, forms.unit
         h = per_micro_batch_s(c)
-        # Every micro-batch holds at most cap(L) tokens per rank, so the ranks run >= Σ s / cap(L) of them.
-        per_mb = max(1, c.token_cap(c.layers)) if memory else math.inf
-        spread = max(float(work.sum()) / world + h, (float(work.sum()) + h * tokens / per_mb) / world)
+        overhead = micro_batch_overhead(lengths, forms, sample_forms(lengths, c, split_len, False), c) if memory \
+            else 0.0
+        spread = max(float(work.sum()) / world + h, (float(work.sum()) + overhead) / world)
         busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d))
         busiest = exchange_bound(lengths, forms, c, world // d, busiest)
         out = min(out, busiest + c.grad_allreduce_s())
