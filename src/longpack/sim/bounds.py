@@ -53,7 +53,7 @@ from ..cost import CostModel, attention_pairs
 
 __all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
            "comm_minorant", "comm_lower", "comm_floor",
-           "chain_exchange", "exchange_bound", "memory_caps", "micro_batch_overhead"]
+           "chain_exchange", "exchange_bound", "memory_caps", "micro_batch_overhead", "group_bound"]
 
 
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -77,8 +77,9 @@ class Forms(NamedTuple):
     """Per-sample lower bounds on this cost model: ``work`` (GPU-seconds), ``unit`` (time of the sample alone),
     ``shard`` (one rank's compute when it runs sharded, whole or as a chain), ``local`` (its time when all of
     it runs on one rank, whole or as a chain) and ``whole_shard`` (whether memory lets it run sharded whole, in
-    one micro-batch, with some checkpointing), ``chain_pieces`` (fewest pieces it has as a sharded chain) and
-    ``cap`` (most tokens a rank can hold in one micro-batch; infinite for a bound that ignores memory)."""
+    one micro-batch, with some checkpointing), ``chain_pieces`` (fewest pieces it has as a sharded chain),
+    ``cap`` (most tokens a rank can hold in one micro-batch; infinite for a bound that ignores memory) and
+    ``exchange`` (least K/V exchange, plus the per-micro-batch costs of a chain's extra pieces, when sharded)."""
 
     work: np.ndarray
     unit: np.ndarray
@@ -87,6 +88,7 @@ class Forms(NamedTuple):
     whole_shard: np.ndarray
     chain_pieces: np.ndarray
     cap: float
+    exchange: np.ndarray
 
 
 def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = None, memory: bool = True) -> Forms:
@@ -114,9 +116,10 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     cap = float(cost.token_caps.max()) if memory else math.inf
     limit = min(cp * cap, float(split_len) if split_len else math.inf)
     pieces = np.maximum(2.0, np.ceil(s / max(limit, 1.0)))
-    unit = shard + np.maximum(comm_lower(s, cost, pieces) + (pieces - 1) * h, chain_exchange(s, cost, limit, pieces))
+    exchange = np.maximum(comm_lower(s, cost, pieces) + (pieces - 1) * h, chain_exchange(s, cost, limit, pieces))
     if cp > 1 and whole_shard.any():
-        unit[whole_shard] = np.minimum(unit[whole_shard], shard[whole_shard] + comm_floor(s[whole_shard], cost))
+        exchange[whole_shard] = np.minimum(exchange[whole_shard], comm_floor(s[whole_shard], cost))
+    unit = shard + exchange
     # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
     # checkpointed.
     chain = lin + fwd * _recomputed(s, cost, memory) + np.asarray(cost.attn_s(pairs, piece, 0))
@@ -131,7 +134,7 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
         work[at] = np.minimum(work[at], local)
         unit[at] = np.minimum(unit[at], local)
         one_rank[at] = np.minimum(one_rank[at], local)
-    return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1), pieces, cap)
+    return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1), pieces, cap, exchange)
 
 
 def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
@@ -295,7 +298,8 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         overhead = micro_batch_overhead(lengths, forms, sample_forms(lengths, c, split_len, False), c) if memory \
             else 0.0
         spread = max(float(work.sum()) / world + h, (float(work.sum()) + overhead) / world)
-        busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d))
+        busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d),
+                      group_bound(lengths, forms, c, world // d))
         busiest = exchange_bound(lengths, forms, c, world // d, busiest)
         out = min(out, busiest + c.grad_allreduce_s())
     return out
@@ -342,6 +346,59 @@ def pair_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int
     j_sh = sh[j] + np.minimum(np.maximum(whole[j], loc[i]), np.maximum(cl[j], loc[i]) + h)
     ranks = np.maximum(loc[i], loc[j])
     return float(np.min(np.minimum(np.minimum(both, i_sh), np.minimum(j_sh, ranks)))) + h
+
+
+GROUP_SIZES = 24  # group sizes m the group bound tries (geometric spread; any m gives a valid bound)
+
+
+def group_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int) -> float:
+    """Busiest-replica time forced by m samples sharing a replica (CP degree > 1).
+
+    Pigeonhole: of the N = replicas·(m − 1) + 1 longest samples, some replica holds m. Every form's cost grows
+    with length (the forms a sample allows only shrink as it grows), so that replica holds at least as much as
+    the m shortest of those N, and the bound below for them holds for it. On one replica with sharded set Sh
+    and the rest on ranks, a rank holding own sample o takes, over its micro-batches, Σ max(C, own) + Σ shares
+    + h >= Σ_Sh shard + max(X(Sh), local_o) + h, with X(Sh) the least exchange the set pays: its largest
+    single-sample exchange, and at least comm_floor of its tokens in one micro-batch (when they fit one) or the
+    minorant n·a + b·Σ s plus (n − 1)·h over n >= 2 micro-batches (n at least a chain's pieces). Own samples
+    only cost their largest one-rank time, so the best split shards the k of largest one-rank time, for some
+    k; the bound is the least over k. Sizes m: every one on a single replica, else ``GROUP_SIZES`` values up to
+    the largest the batch allows. Cost: O(n log n + Σ m)."""
+    d = cost.cfg.cp
+    n = len(lengths)
+    if d <= 1 or n < 2:
+        return 0.0
+    s = np.asarray(lengths, dtype=np.float64)
+    order = np.argsort(-s, kind="stable")
+    top = (n - 1) // replicas + 1  # the largest m with replicas·(m − 1) + 1 <= n
+    if top < 2:
+        return 0.0
+    sizes = [n] if replicas == 1 else sorted({int(round(x)) for x in np.geomspace(2, top, GROUP_SIZES)} | {top})
+    h = per_micro_batch_s(cost)
+    best = 0.0
+    for m in sizes:
+        stop = replicas * (m - 1) + 1
+        group = order[stop - m: stop]
+        best = max(best, _group_time(s[group], forms.shard[group], forms.local[group], forms.exchange[group],
+                                     forms.whole_shard[group], forms.chain_pieces[group], forms.cap, cost, h))
+    return best
+
+
+def _group_time(s: np.ndarray, shard: np.ndarray, local: np.ndarray, exchange: np.ndarray, whole: np.ndarray,
+                pieces: np.ndarray, cap: float, cost: CostModel, h: float) -> float:
+    """Least time of one replica holding these samples (given longest first, :func:`group_bound`). O(m)."""
+    d = cost.cfg.cp
+    area = np.cumsum(shard)  # shares of the k longest, sharded
+    tokens = np.cumsum(s)
+    single = np.maximum.accumulate(exchange)
+    fits = np.logical_and.accumulate(whole) & (np.cumsum(np.ceil(s / d)) <= cap)
+    mbs = np.maximum(2.0, np.maximum.accumulate(np.where(whole, 1.0, pieces)))
+    several = comm_lower(tokens, cost, mbs) + (mbs - 1) * h
+    one = np.where(fits, comm_floor(tokens, cost), np.inf)
+    ex = np.maximum(single, np.minimum(one, several))
+    ex[0] = exchange[0]
+    own = np.append(local[1:], 0.0)  # with the k longest sharded, the longest own sample is the next one
+    return float(min(local[0], np.min(area + np.maximum(ex, own)))) + h
 
 
 def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int, known: float) -> float:
