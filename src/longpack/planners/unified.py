@@ -20,8 +20,9 @@ Knobs (each is one paper's lever, made a choice instead of a fixed setting):
   store of the pieces before it (and each earlier piece as long as memory allows beside its own prefix's K/V),
   the earlier pieces recomputed — uniform chunks of a full cap would leave no room for that store.
 * **Budget split** K in {1, 2, 4} (and 8 with pp > 1): a micro-batch holds at most B = cap(k) // K tokens per rank.
-  Samples longer than B·d become ChunkFlow chains of chunks of B·d tokens whose first N − K chunks are recomputed,
-  so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline bubbles when pp > 1.
+  Samples longer than B·d become ChunkFlow chains of the fewest even chunks of at most B·d tokens whose first
+  N − K chunks are recomputed, so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline
+  bubbles when pp > 1.
 * **Sharding threshold** α in {∞, 2, 1, 1/2, unit}: a sample that fits one rank (s ≤ B) is still sharded over
   the CP group when its whole-rank time exceeds α·τ, where τ is the mean rank load if every sample ran whole
   (compute-driven sharding, which Skrull's DACP never does: it shards only for memory); ``unit`` shards it when
@@ -282,7 +283,7 @@ class Unified(Planner):
     @staticmethod
     def _chain_s(n: int, chunk: int, d: int, split: int, cost: CostModel, k: int) -> float:
         """Estimated seconds of one chain on each of its d ranks (recomputed chunks run their forward twice)."""
-        return _pieces_s(list(range(0, n, chunk)) + [n], d, split, cost, k)
+        return _pieces_s(_even_cuts(n, chunk), d, split, cost, k)
 
 
 class _Layout:
@@ -535,10 +536,19 @@ def _heaviest_first(t: np.ndarray, pos: np.ndarray) -> list[int]:
     return pos[np.lexsort((pos, -t[pos]))].tolist()
 
 
+def _even_cuts(n: int, chunk: int) -> list[int]:
+    """Bounds of the fewest pieces of at most ``chunk`` tokens that cover [0, n), as even as integers allow. A
+    ragged last piece would be the costliest: it attends to the longest prefix with the fewest queries per
+    attention block (on lmsys at CP 256, 12 pieces of one 1.5M sample: 0.4 s of 9.9 s)."""
+    count = -(-n // chunk)
+    return [n * j // count for j in range(count + 1)]
+
+
 def _chain(sample: int, n: int, chunk: int, d: int, kept: int, ckpt: int) -> list[MicroBatch]:
-    """ChunkFlow chain: chunks of ``chunk`` tokens in order, all but the last ``kept`` recomputed."""
+    """ChunkFlow chain: the fewest chunks of at most ``chunk`` tokens, even, in order, all but the last ``kept``
+    recomputed."""
     rank = None if d > 1 else 0
-    bounds = list(range(0, n, chunk)) + [n]
+    bounds = _even_cuts(n, chunk)
     count = len(bounds) - 1
     return [MicroBatch(pieces=(Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < count - kept)
             for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
