@@ -515,20 +515,24 @@ def _deal_shared(order: list[int], t_sh: np.ndarray, s: np.ndarray, rep_load: np
 
 def _deal_own(items: list[int], t_loc: np.ndarray, comm: np.ndarray, base: np.ndarray, d: int
               ) -> list[list[list[int]]]:
-    """Own samples (given heaviest first) to the ranks of len(comm) replicas of d ranks: each to the rank whose
-    Eq. 2 time max(exchange, own work) + shared work is least, ties to the emptiest (own work that still hides
-    under the exchange is free). O(items · log(ranks))."""
+    """Own samples (given heaviest first) to the ranks of len(comm) replicas of d ranks: each to the replica whose
+    Eq. 2 time max(exchange, own work) + shared work is least after adding it to that replica's least-loaded rank
+    (ties: the replica whose least-loaded rank is emptiest, then the first). Own work that still hides under the
+    exchange is free; priced after adding, a rank just under its exchange is no longer mistaken for an empty one.
+    O(items · replicas) in numpy + O(items · log d)."""
     n_rep = len(comm)
     own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
-    load = np.zeros((n_rep, d))
-    heap = [(float(comm[g] + base[g]), 0.0, g * d + j) for g in range(n_rep) for j in range(d)]
-    heapq.heapify(heap)
+    heaps = [[(0.0, j) for j in range(d)] for _ in range(n_rep)]  # per replica: (own load, rank)
+    least = np.zeros(n_rep)
     for i in items:
-        _, _, r = heapq.heappop(heap)
-        g, j = divmod(r, d)
+        t = float(t_loc[i])
+        after = np.maximum(comm, least + t) + base
+        tied = np.flatnonzero(after <= after.min() * (1 + 1e-12))
+        g = int(tied[np.argmin(least[tied])]) if tied.size > 1 else int(tied[0])
+        load, j = heapq.heappop(heaps[g])
         own[g][j].append(i)
-        load[g, j] += float(t_loc[i])
-        heapq.heappush(heap, (float(max(comm[g], load[g, j]) + base[g]), float(load[g, j]), r))
+        heapq.heappush(heaps[g], (load + t, j))
+        least[g] = heaps[g][0][0]
     return own
 
 
