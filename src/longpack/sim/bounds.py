@@ -2,7 +2,7 @@
 
 For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md §5; used for efficiency):
 
-    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i),  P ) + T_fixed + T_gemm + T_allreduce
+    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i),  P,  G,  X ) + T_fixed + T_gemm + T_allreduce
 
 * ``W(s)``, the fewest GPU-seconds sample s can cost, the cheapest of: whole on one rank when memory allows (with
   the fewest checkpointed layers that make it fit); sharded over the CP group, whole or as a chain (cp ranks
@@ -26,6 +26,8 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
 * ``P``, two samples on one replica (:func:`pair_bound`): with r replicas, two of the r + 1 samples of largest
   U share a replica, and the least any such pair can cost there is a bound (both sharded pay both shares and
   the exchange of both; one sharded waits for its exchange or for the other's whole-rank work).
+* ``G``, m samples on one replica (:func:`group_bound`): pigeonhole over the r·(m − 1) + 1 longest; the replica
+  pays their shares plus the longer of their least exchange and its largest own sample's whole-rank time.
 * The exchange term (:func:`exchange_bound`): sharded samples pay their exchange unless own work hides it, and
   a sample whose one-rank time exceeds the step cannot be own work; a convex combination of the two sides of
   Eq. 2, summed over a replica, bounds the step at the crossing of a bisection.
@@ -35,9 +37,9 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
 Why it is a bound: the simulator charges every rank at least the work of its pieces at these (ideal) rates plus,
 per micro-batch it holds tokens in, ``h = T_fixed + T_gemm``. If ``a`` ranks hold work, the busiest of them takes
 at least ``ΣW/a + h >= ΣW/(dp·cp) + h``; the rank that runs sample s takes at least ``U(s) + h``; every step ends
-with the gradient all-reduce; two samples on one replica add up as in P. Cost: O(samples + layers + r²) per
-degree (the pair term is skipped above ``PAIR_LIMIT`` replicas). ``tests/test_bounds.py`` checks it against
-thousands of random valid plans and the MILP optimum (sim/exact.py).
+with the gradient all-reduce; two or more samples on one replica add up as in P and G. Cost: O(samples log
+samples + layers + r²) per degree (the pair term is skipped above ``PAIR_LIMIT`` replicas).
+``tests/test_bounds.py`` checks it against thousands of random valid plans and the MILP optimum (sim/exact.py).
 """
 
 from __future__ import annotations
@@ -401,6 +403,34 @@ def _group_time(s: np.ndarray, shard: np.ndarray, local: np.ndarray, exchange: n
     return float(min(local[0], np.min(area + np.maximum(ex, own)))) + h
 
 
+def _chord_slope(cost: CostModel):  # type: ignore[no-untyped-def]
+    """A function y -> b: the least exchange per token, min over 0 < x <= x_max of cp_comm_s(x)/x, for micro-batches
+    of a replica that takes at most y seconds: one exchanges at most x_max tokens, the fewer of the most whose
+    exchange fits y and y / (linear share per token) — its sharded tokens' linear work alone, x/cp tokens per
+    rank at the ideal rate, fits y. The exchange is piecewise linear between the tables' sizes, so c(x)/x is
+    least at a breakpoint or at x_max. Returns 0 (no slope) where the table does not grow with size. O(breakpoints)
+    per call."""
+    pts = _breakpoints(cost)[:-1]
+    vals = np.asarray(cost.cp_comm_s(pts, 0), dtype=np.float64)
+    c0 = float(cost.cp_comm_s(1e-9, 0))
+    rho = float(cost.linear_s(1.0, 0, ideal=True)) / cost.cfg.cp
+    grows = bool(np.all(np.diff(vals) >= 0) and (vals.size == 0 or vals[0] >= c0))
+    xs = np.concatenate([[0.0], pts])
+    ys = np.concatenate([[c0], vals])
+    shrink = 1 - 1e-9
+
+    def slope(y: float) -> float:
+        if not grows or y <= c0:
+            return 0.0
+        x_max = min(float(np.interp(y, ys, xs, right=np.inf)) if y <= ys[-1] else math.inf, y / rho)
+        if not math.isfinite(x_max) or x_max <= 0:
+            return 0.0
+        cand = np.append(pts[pts <= x_max], x_max)
+        return float(np.min(np.asarray(cost.cp_comm_s(cand, 0)) / cand)) * shrink
+
+    return slope
+
+
 def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int, known: float) -> float:
     """Raise ``known`` (a bound on the busiest replica) by charging sharded samples their exchange.
 
@@ -410,7 +440,10 @@ def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas:
     Σ_local (1 − θ)·local / cp``. Which samples are sharded is the plan's choice, so each sample takes the
     cheaper term; but a sample whose one-rank time exceeds T cannot be local in a plan of time T. Hence for every
     T: optimum >= min(T, f(T)) with f(T) the best such sum (plus h); f falls as T grows and the bound is its
-    crossing, found by bisection. Cost: O(samples · lines · θs · 40)."""
+    crossing, found by bisection. Besides the minorant's slopes, the slope of :func:`_chord_slope` at T: no
+    micro-batch of a plan of time T exchanges more tokens than the exchange time or the shares' linear work allow
+    within T, and below that size the exchange is at least that chord's slope times the tokens — on a concave
+    table much steeper than the minorant's, which must hold for any size. Cost: O(samples · lines · θs · 40)."""
     if cost.cfg.cp <= 1:
         return known
     s = np.asarray(lengths, dtype=np.float64)
@@ -422,10 +455,17 @@ def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas:
     th = np.repeat(theta, slopes.size)[None, :]
     sharded = th * np.tile(slopes, theta.size)[None, :] * s[:, None] + forms.shard[:, None]
     local = (1.0 - th) * forms.local[:, None] / cost.cfg.cp
+    local_short = (1.0 - theta)[None, :] * forms.local[:, None] / cost.cfg.cp
+    chord = _chord_slope(cost)
 
     def f(t: float) -> float:
-        alone = np.where((forms.local + h <= t)[:, None], local, np.inf)
-        return float(np.minimum(sharded, alone).sum(axis=0).max()) / replicas + h
+        fits = (forms.local + h <= t)[:, None]
+        best = float(np.minimum(sharded, np.where(fits, local, np.inf)).sum(axis=0).max())
+        b = chord(t - h)
+        if b > 0:
+            short = theta[None, :] * b * s[:, None] + forms.shard[:, None]
+            best = max(best, float(np.minimum(short, np.where(fits, local_short, np.inf)).sum(axis=0).max()))
+        return best / replicas + h
 
     lo = known
     hi = f(lo)
