@@ -45,7 +45,7 @@ samples + layers + r²) per degree (the pair term is skipped above ``PAIR_LIMIT`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -403,7 +403,7 @@ def _group_time(s: np.ndarray, shard: np.ndarray, local: np.ndarray, exchange: n
     return float(min(local[0], np.min(area + np.maximum(ex, own)))) + h
 
 
-def _chord_slope(cost: CostModel):  # type: ignore[no-untyped-def]
+def _chord_slope(cost: CostModel) -> Callable[[float], float]:
     """A function y -> b: the least exchange per token, min over 0 < x <= x_max of cp_comm_s(x)/x, for micro-batches
     of a replica that takes at most y seconds: one exchanges at most x_max tokens, the fewer of the most whose
     exchange fits y and y / (linear share per token) — its sharded tokens' linear work alone, x/cp tokens per
