@@ -197,11 +197,11 @@ class Unified(Planner):
         fits_rank = (lengths <= budget) & ~is_chain & ~is_big
         tau = float(t_loc[fits_rank].sum() + t_sh[~fits_rank].sum() * d) / ctx.world
         sharded = ~fits_rank & ~is_chain & ~is_big
-        if d > 1 and c.alpha == UNIT and not fits_rank.all():
-            # keep whole every sample that ends before the step's longest unit (a forced-sharded sample's share
-            # plus its own exchange), shard the rest
-            forced = np.flatnonzero(~fits_rank)
-            unit = float(np.max(t_sh[forced] + cost.cp_comm_s(s[forced], k0)))
+        if d > 1 and c.alpha == UNIT:
+            # keep whole every sample that ends before the step's longest unit (the largest, over samples, of the
+            # shorter of whole on a rank, where it fits, and its share plus its own exchange), shard the rest
+            t_unit = t_sh + cost.cp_comm_s(s, k0)
+            unit = float(np.max(np.where(fits_rank, np.minimum(t_loc, t_unit), t_unit)))
             sharded |= fits_rank & (t_loc > unit)
         elif d > 1 and math.isfinite(c.alpha) and c.alpha > 0:
             sharded |= fits_rank & (t_loc > c.alpha * tau)
