@@ -186,7 +186,7 @@ def test_unified_hides_own_samples_under_a_chains_exchange():
 def test_unified_unit_threshold_keeps_whole_what_ends_before_the_longest_unit():
     """DP32·CP8, the chunkflow-eval batch with a 211K sample: the step runs at CP 128, whose exchange crosses
     nodes. Thresholds relative to the mean rank load shard every 23K-31K sample there; the unit threshold keeps
-    whole those that end before the 211K sample's unit, and the step is faster (0.448 s -> 0.411 s)."""
+    whole those that end before the 211K sample's unit, and the step is faster (0.429 s -> 0.411 s)."""
     cost = _cost(dp=32, cp=8)
     x = generate("chunkflow-eval", 20000, seed=0)
     batch = [global_batches(len(x), 2048, seed=0, steps=4)[2]]
@@ -197,12 +197,12 @@ def test_unified_unit_threshold_keeps_whole_what_ends_before_the_longest_unit():
         step = simulate(plan, cost).steps[0]
         assert step.lower_bound_s <= step.time_s
         times[alphas] = step.time_s
-    assert times["inf,2,1,0.5,unit"] < 0.95 * times["inf,2,1,0.5"]
+    assert times["inf,2,1,0.5,unit"] < 0.97 * times["inf,2,1,0.5"]
 
 
 def test_unified_alphas_option_refuses_a_bad_threshold_in_one_line():
     cost = _cost(dp=2, cp=2)
     x = generate("lmsys-chat-1m", 200, seed=0)
     for bad in ("unit,abc", "0", "-1"):
-        with pytest.raises(ValueError, match=r"--opt alphas=.*positive numbers, inf or unit"):
+        with pytest.raises(ValueError, match=r"--opt alphas=.*positive numbers, inf, unit or light"):
             _plan(x, cost, alphas=bad)

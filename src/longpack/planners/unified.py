@@ -1,8 +1,8 @@
 """Unified scheduler: one cost-driven search over how a global batch runs, instead of one paper's fixed recipe.
 
 Per global batch the planner enumerates a few discrete knobs, turns each combination into a Step with one greedy
-placement, scores it with the simulator on the same cost model, refines the best layout of each of the three best
-CP degrees by local search on simulated times, and keeps the fastest that fits memory (ties: the earlier
+placement, scores it with the simulator on the same cost model, refines the best layouts of the three best CP
+degrees by local search on simulated times, and keeps the fastest that fits memory (ties: the earlier
 candidate, so the result is deterministic).
 
 Knobs (each is one paper's lever, made a choice instead of a fixed setting):
@@ -23,12 +23,14 @@ Knobs (each is one paper's lever, made a choice instead of a fixed setting):
   Samples longer than B·d become ChunkFlow chains of the fewest even chunks of at most B·d tokens whose first
   N − K chunks are recomputed, so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline
   bubbles when pp > 1.
-* **Sharding threshold** α in {∞, 2, 1, 1/2, unit}: a sample that fits one rank (s ≤ B) is still sharded over
-  the CP group when its whole-rank time exceeds α·τ, where τ is the mean rank load if every sample ran whole
+* **Sharding threshold** α in {∞, 2, 1, 1/2, unit, light}: a sample that fits one rank (s ≤ B) is still sharded
+  over the CP group when its whole-rank time exceeds α·τ, where τ is the mean rank load if every sample ran whole
   (compute-driven sharding, which Skrull's DACP never does: it shards only for memory); ``unit`` shards it when
-  its whole-rank time exceeds the step's longest unit instead (the largest share plus own exchange of a
-  forced-sharded sample), so on wide CP groups, whose exchange crosses nodes, every sample that can end
-  within that unit stays whole. Samples with B < s ≤ B·d are always sharded (memory-forced, as in DACP).
+  its whole-rank time exceeds the step's longest unit instead (over samples, the largest of the shorter of whole
+  on a rank and share plus own exchange), so on wide CP groups, whose exchange crosses nodes, every sample that
+  can end within that unit stays whole; ``light`` also shards what outlasts the unit on top of the lightest
+  replica's shared work (an own sample runs after its replica's shares), and deals the shared samples again.
+  Samples with B < s ≤ B·d are always sharded (memory-forced, as in DACP).
 
 Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s² are balanced):
 
@@ -42,19 +44,21 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
 4. (d > 1) own samples move from those micro-batches into the big and chain micro-batches of their replica, on
    their rank, while they stay under that micro-batch's K/V exchange and fit the cap and memory (a chain's chunks
    otherwise exchange with nothing else to do);
-5. refine (pp = 1): on the slowest replica's busiest rank, shard its largest own sample, or move an own sample to
-   the fastest replica's idlest rank; a move stays only if the slowest replica gets faster in the simulator.
+5. refine (pp = 1), on the two best layouts of the best degree and the best of the next two degrees: on the
+   slowest replica's busiest rank, shard its largest own sample, or move an own sample to the fastest replica's
+   idlest rank; a move stays only if the slowest replica gets faster in the simulator.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
 α = ∞) — plain cost-balanced packing with memory-forced sharding — is always evaluated, so the result is never
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
-Cost: C candidates × (O(n log n + n·m) placement + O(pieces) simulation) + 3 × ``refine`` moves × O(pieces of two
-replicas); C ≤ |degrees| · 3 · 4 · 5, fewer after removing candidates that give the same placement; 46 ms median
-per 256-sample batch at DP4·CP8 (bench/planning.py, docs/BENCHMARKS.md). Options: ``degrees`` (comma-separated CP
-degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none, ``unit``),
-``refine`` (local-search moves, default 32; 0 turns it off), ``shard_chains``
+Cost: C candidates × (O(n log n + n·m + n·replicas) placement + O(pieces) simulation) + 4 × ``refine`` moves ×
+O(pieces of two replicas); C ≤ |degrees| · 3 · 4 · 6, fewer after removing candidates that give the same placement;
+87 ms median per 256-sample lmsys batch at DP4·CP8 on 7B, 1.1 s on ChatQA2, whose long samples add degrees
+(bench/planning.py, docs/BENCHMARKS.md). Options: ``degrees`` (comma-separated CP degrees to consider, default as
+above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none, ``unit``, ``light``), ``refine``
+(local-search moves, default 32; 0 turns it off), ``shard_chains``
 (0: chains only at CP degree 1 — what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
 """
 
@@ -77,7 +81,8 @@ from .packers import lpt
 __all__ = ["Unified", "Candidate"]
 
 UNIT = -1.0  # the sharding threshold at the step's longest unit (``alphas=unit``), not a multiple of τ
-ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT)
+LIGHT = -2.0  # the same, less the lightest replica's shared work (``alphas=light``)
+ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT, LIGHT)
 
 
 class Candidate(NamedTuple):
@@ -97,20 +102,24 @@ class Unified(Planner):
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}
         seen: set[tuple] = set()
-        per_degree: dict[int, tuple[tuple[bool, float, int], _Layout]] = {}  # the best candidate of each degree
+        per_degree: dict[int, list[tuple[tuple[bool, float, int], _Layout]]] = {}  # the best two of each degree
         for c in self.candidates(batch, ctx):
             cost = _with_cp(ctx.cost, c.degree, ctx.world // c.degree) if c.degree != ctx.cp else ctx.cost
             layout = self._build(batch, ctx, cost, c, seen)
             if layout is None:  # infeasible, or the same placement as an earlier candidate
                 continue
             key = (*self._score(layout, lengths, ctx), len(seen))
-            if c.degree not in per_degree or key < per_degree[c.degree][0]:
-                per_degree[c.degree] = (key, layout)
+            kept = per_degree.setdefault(c.degree, [])
+            kept.append((key, layout))
+            kept.sort(key=lambda kv: kv[0])
+            del kept[2:]
         if not per_degree:
             raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
-        # local search on the best few degrees' layouts (pp = 1: replica times add up), then the fastest
+        # local search on the best layouts of the best degrees (pp = 1: replica times add up), then the fastest:
+        # the two best of the best degree, and the best of the next two
         moves = int(ctx.option("refine", 32))
-        finalists = sorted(per_degree.values(), key=lambda kv: kv[0])[:3]
+        ranked = sorted(per_degree.values(), key=lambda kept: kept[0][0])
+        finalists = ranked[0] + [kept[0] for kept in ranked[1:3]]
         best: tuple[tuple[bool, float, int], _Layout] | None = None
         for key, layout in finalists:
             if moves and layout.cost.cfg.pp == 1 and not key[0]:
@@ -197,7 +206,7 @@ class Unified(Planner):
         fits_rank = (lengths <= budget) & ~is_chain & ~is_big
         tau = float(t_loc[fits_rank].sum() + t_sh[~fits_rank].sum() * d) / ctx.world
         sharded = ~fits_rank & ~is_chain & ~is_big
-        if d > 1 and c.alpha == UNIT:
+        if d > 1 and c.alpha in (UNIT, LIGHT):
             # keep whole every sample that ends before the step's longest unit (the largest, over samples, of the
             # shorter of whole on a rank, where it fits, and its share plus its own exchange), shard the rest
             t_unit = t_sh + cost.cp_comm_s(s, k0)
@@ -209,7 +218,7 @@ class Unified(Planner):
         if d == 1:
             local, sharded = local | sharded, np.zeros_like(sharded)
         placement_key = (d, kb if is_big.any() else k0, c.tail and bool(is_big.any() or is_chain.any()), budget,
-                         tuple(np.flatnonzero(sharded).tolist()), whole_len)
+                         tuple(np.flatnonzero(sharded).tolist()), whole_len, c.alpha == LIGHT)
         if placement_key in seen:
             return None
         seen.add(placement_key)
@@ -220,7 +229,16 @@ class Unified(Planner):
         tail, rep_load, ckpt_big = built
         # A replica's ranks each take max(comm, own work) + shared work (Eq. 2): local work up to the K/V
         # exchange time is free, so both greedy passes below price a placement by that, not by a plain sum.
+        start = rep_load.copy()
         shared, comm = _deal_shared(_heaviest_first(t_sh, np.flatnonzero(sharded)), t_sh, s, rep_load, cost, k0)
+        if d > 1 and c.alpha == LIGHT:
+            # an own sample sits on top of its replica's shared work: shard also those that outlast the unit on
+            # the lightest replica, and deal the shared samples again
+            more = local & (t_loc > unit - float(rep_load.min()))
+            if more.any():
+                sharded, local, rep_load = sharded | more, local & ~more, start
+                shared, comm = _deal_shared(_heaviest_first(t_sh, np.flatnonzero(sharded)), t_sh, s, rep_load,
+                                            cost, k0)
         own = _deal_own(_heaviest_first(t_loc, np.flatnonzero(local)), t_loc, comm, rep_load, d)
         step_cap = cost.token_cap(kb) if ckpt_big else cap
         return _Layout(cost, d, k0, budget, step_cap, lengths, samples, t_loc, t_sh, shared, own, tail)
@@ -655,14 +673,14 @@ def _numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: s
     try:
         return [cast(x) for x in str(text).split(",")]
     except ValueError:
-        kind = {"int": "integers", "float": "numbers", "_alpha": "positive numbers, inf or unit"}[cast.__name__]
+        kind = {"int": "integers", "float": "numbers", "_alpha": "positive numbers, inf, unit or light"}[cast.__name__]
         raise ValueError(f"--opt {name}={text!r}: expected comma-separated {kind}, e.g. {name}={example}") from None
 
 
 def _alpha(text: str) -> float:
-    """A sharding threshold of ``--opt alphas``: a float (multiple of τ, ``inf`` for none) or ``unit``."""
-    if text.strip().lower() == "unit":
-        return UNIT
+    """A sharding threshold of ``--opt alphas``: a float (multiple of τ, ``inf`` for none), ``unit`` or ``light``."""
+    if text.strip().lower() in ("unit", "light"):
+        return UNIT if text.strip().lower() == "unit" else LIGHT
     value = float(text)
     if not value > 0:
         raise ValueError(text)
