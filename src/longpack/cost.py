@@ -253,9 +253,13 @@ class CostModel:
         """
         if self.cfg.token_cap is not None:
             return self.cfg.token_cap
+        return max(0, int(math.floor(self.memory_tokens(ckpt_layers))))
+
+    def memory_tokens(self, ckpt_layers: int | None = None) -> float:
+        """Most tokens one rank's activations can take within memory (real-valued, whatever cap is configured):
+        ``(memory − reserve − static) / (fragmentation · α(k))``, at least 0."""
         free = self.hw.memory_bytes - self.hw.reserve_gib * 2**30 - self.static_bytes
-        per_token = self.hw.fragmentation * self.act_bytes_per_token(ckpt_layers)
-        return max(0, int(math.floor(free / per_token)))
+        return max(0.0, free / (self.hw.fragmentation * self.act_bytes_per_token(ckpt_layers)))
 
     @cached_property
     def token_caps(self) -> np.ndarray:

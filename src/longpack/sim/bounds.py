@@ -250,9 +250,7 @@ def comm_lower(lengths: np.ndarray, cost: CostModel, pieces: np.ndarray | int = 
 def memory_caps(cost: CostModel) -> np.ndarray:
     """Most tokens a rank can hold in one micro-batch within memory, for k = 0 .. layers checkpointed layers
     (real-valued; a configured token cap is the planners' choice, not a limit on every plan)."""
-    free = cost.hw.memory_bytes - cost.hw.reserve_gib * 2**30 - cost.static_bytes
-    act = np.array([cost.hw.fragmentation * cost.act_bytes_per_token(k) for k in range(cost.layers + 1)])
-    return np.maximum(free, 0.0) / act
+    return np.array([cost.memory_tokens(k) for k in range(cost.layers + 1)])
 
 
 def micro_batch_overhead(lengths: np.ndarray, forms: Forms, free_forms: Forms, cost: CostModel) -> float:
