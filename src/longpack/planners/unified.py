@@ -141,12 +141,13 @@ class Unified(Planner):
     def candidates(self, batch: Batch, ctx: PlanContext) -> list[Candidate]:
         cost = ctx.cost
         world = ctx.world
-        degrees = _numbers(ctx, "degrees", int, "8,4,2,1") or self._degrees(batch, ctx)
+        degrees = _numbers(ctx, "degrees", int, "8,4,2,1", "integers") or self._degrees(batch, ctx)
         for d in degrees:
             if d < 1 or world % d:
                 raise ValueError(f"--opt degrees: {d} must divide the world size {world} (--dp x --cp)")
-        splits = _numbers(ctx, "splits", int, "1,2,4") or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
-        alphas = _numbers(ctx, "alphas", _alpha, "inf,1,0.5,unit") or list(ALPHAS)
+        splits = _numbers(ctx, "splits", int, "1,2,4", "integers") or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
+        alphas = (_numbers(ctx, "alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light")
+                  or list(ALPHAS))
         longest = float(batch.lengths.max())
         k0 = ctx.ckpt_layers
         out = []
@@ -505,9 +506,9 @@ def _memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: i
     return bounds + [n] if head else [0, n]
 
 
-def _pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int) -> list[MicroBatch]:
-    """A chain with pieces [cuts[j], cuts[j+1]), one per micro-batch, all but the last recomputed."""
-    return [MicroBatch((Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < len(cuts) - 2)
+def _pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int, kept: int = 1) -> list[MicroBatch]:
+    """A chain with pieces [cuts[j], cuts[j+1]), one per micro-batch, all but the last ``kept`` recomputed."""
+    return [MicroBatch((Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < len(cuts) - 1 - kept)
             for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
 
 
@@ -569,11 +570,7 @@ def _even_cuts(n: int, chunk: int) -> list[int]:
 def _chain(sample: int, n: int, chunk: int, d: int, kept: int, ckpt: int) -> list[MicroBatch]:
     """ChunkFlow chain: the fewest chunks of at most ``chunk`` tokens, even, in order, all but the last ``kept``
     recomputed."""
-    rank = None if d > 1 else 0
-    bounds = _even_cuts(n, chunk)
-    count = len(bounds) - 1
-    return [MicroBatch(pieces=(Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < count - kept)
-            for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+    return _pieces(sample, _even_cuts(n, chunk), None if d > 1 else 0, ckpt, kept)
 
 
 def _big_micro_batches(pos: np.ndarray, lengths: np.ndarray, samples: np.ndarray, cap: int, d: int,
@@ -665,7 +662,7 @@ def _deal(shared: list[int], own: list[list[int]], lengths: np.ndarray, t_loc: n
     return sh_of, own_of
 
 
-def _numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: str) -> list:
+def _numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: str, kind: str) -> list:
     """Comma-separated values of option ``name`` ([] when not given), or one line naming the option and the fix."""
     text = ctx.option(name, None)
     if text is None or text == "":
@@ -673,7 +670,6 @@ def _numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: s
     try:
         return [cast(x) for x in str(text).split(",")]
     except ValueError:
-        kind = {"int": "integers", "float": "numbers", "_alpha": "positive numbers, inf, unit or light"}[cast.__name__]
         raise ValueError(f"--opt {name}={text!r}: expected comma-separated {kind}, e.g. {name}={example}") from None
 
 

@@ -420,7 +420,7 @@ def _chord_slope(cost: CostModel) -> Callable[[float], float]:
     def slope(y: float) -> float:
         if not grows or y <= c0:
             return 0.0
-        x_max = min(float(np.interp(y, ys, xs, right=np.inf)) if y <= ys[-1] else math.inf, y / rho)
+        x_max = min(float(np.interp(y, ys, xs, right=np.inf)), y / rho)
         if not math.isfinite(x_max) or x_max <= 0:
             return 0.0
         cand = np.append(pts[pts <= x_max], x_max)
