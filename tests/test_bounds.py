@@ -157,3 +157,49 @@ def test_lower_bound_counts_the_micro_batches_a_rank_must_run():
     step = simulate(plan, cost).steps[0]
     assert len(plan.steps[0].replicas[0].micro_batches) == int(np.ceil(x.sum() / cap0))
     assert 0.99 * step.time_s <= lb <= step.time_s
+
+
+@pytest.mark.parametrize("seed,layout", [(32, (2, 4)), (48, (2, 4)), (50, (2, 8))])
+def test_replica_program_raises_the_bound_and_stays_below_the_exact_optimum(seed, layout, monkeypatch):
+    """Two replicas, one or more long samples among short ones: the per-replica program (sim/replica_bound.py)
+    lifts the bound above what the aggregate terms give, and it still stays at or below the MILP's optimum."""
+    pytest.importorskip("scipy")
+    from longpack.sim import replica_bound
+    from longpack.sim.exact import optimal_step
+
+    rng = np.random.default_rng(1000 + seed)
+    dp, cp = layout
+    long = int(rng.integers(1, 4))
+    x = np.concatenate([rng.integers(200, 6000, int(rng.integers(4, 9))),
+                        rng.integers(8000, 40000, long)]).astype(float)
+    cost = make_cost("qwen2.5-0.5b", "h100", dp=dp, cp=cp, token_cap=int(rng.choice([16000, 30000, 60000])))
+    res = optimal_step(x, cost)
+    assert res.status == "optimal"
+    with_program = step_lower_bound(x, cost, degrees=[cp])
+    monkeypatch.setattr(replica_bound, "REPLICA_LIMIT", 0)
+    aggregate = step_lower_bound(x, cost, degrees=[cp])
+    assert with_program > aggregate * (1 + 1e-3)
+    assert with_program <= res.time_s * (1 + 1e-6)  # HiGHS's optimum is exact to its tolerance
+
+
+def test_recomputed_tokens_pay_their_attention_forward_in_the_bound():
+    """A sample too long for its ranks' memory recomputes the forward of what they cannot hold, attention
+    included (the simulator charges both): the bound counts the attention forward of the shortest prefixes (7% more
+    than the linear recompute alone here), and a real chain of recomputed chunks still costs more."""
+    from longpack.sim.simulate import micro_batch_times
+
+    cost = make_cost("qwen2.5-7b", "h100", dp=16, cp=2)  # cap ~12K tokens a rank: 81,822 / 2 needs recompute
+    s = np.array([81_822.0])
+    share = float(sample_forms(s, cost).shard[0])
+    fwd = float(cost.linear_s(1.0, 0, ideal=True)) / 3
+    dropped = s[0] / 2 - cost.token_caps[0]
+    linear_only = (float(cost.linear_s(s[0] / 2, 0, ideal=True)) + fwd * dropped
+                   + float(cost.attn_s(0.5 * s[0] ** 2 / 2, s[0] / 4, 0)))
+    attention_fwd = float(cost.attn_s(0.5 * (2 * dropped) ** 2 / 2, s[0] / 4, 0)) / (1 + cost.cfg.attn_bwd_factor)
+    # the least over checkpointing: dropping the 28.9K tokens (k = 0) or checkpointing some layers instead, both
+    # now dearer than the linear recompute alone
+    assert share >= linear_only + 0.5 * attention_fwd
+    cuts = [0, 24_000, 47_000, 57_822, 81_822]  # three recomputed chunks, the last kept
+    chain = sum(float(micro_batch_times(MicroBatch((Piece(0, a, b, None),), recompute=i < 3), 2, cost)[2][0])
+                for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)))
+    assert chain >= share

@@ -2,13 +2,14 @@
 
 For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md §5; used for efficiency):
 
-    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i),  P,  G,  X ) + T_fixed + T_gemm + T_allreduce
+    LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i),  P,  G,  X,  R ) + T_fixed + T_gemm + T_allreduce
 
 * ``W(s)``, the fewest GPU-seconds sample s can cost, the cheapest of: whole on one rank when memory allows (with
   the fewest checkpointed layers that make it fit); sharded over the CP group, whole or as a chain (cp ranks
   each do 1/cp, attention in blocks of at most s/(2cp) queries, and recompute what a rank's memory cannot hold
   of its s/cp tokens); a chain on one rank, which must recompute what its memory cannot hold (the forward of
-  (s − cap(k))⁺ tokens, or k checkpointed layers). GEMMs at full
+  (s − cap(k))⁺ tokens, or k checkpointed layers; a recomputed token runs its attention forward again too, at
+  least over the shortest prefixes, :func:`_recompute_s`). GEMMs at full
   efficiency, attention at the efficiency of its own length, no padding, no communication (it may be hidden).
 * ``U(s)``, the shortest time sample s can take (the largest indivisible unit): whole on one rank; its 1/cp
   share plus its own K/V exchange when sharded whole (Eq. 2: a rank waits max(comm, local) + its share, and the
@@ -31,14 +32,19 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
 * The exchange term (:func:`exchange_bound`): sharded samples pay their exchange unless own work hides it, and
   a sample whose one-rank time exceeds the step cannot be own work; a convex combination of the two sides of
   Eq. 2, summed over a replica, bounds the step at the crossing of a bisection.
+* ``R``, the per-replica program (sim/replica_bound.py, for 2..8 replicas): the longest samples placed whole on
+  replicas, each replica bounded by Eq. 2 on its own — what the aggregate terms above cannot see, that the replica
+  sharding the longest sample has little room left and a replica whose rank holds a long own sample few shares.
 * A step may use any CP degree (HBP and the unified planner change it per step): the bound is the least over the
-  degrees the caller allows (the simulator passes every divisor of the world size).
+  degrees the caller allows (the simulator passes every divisor of the world size); R runs on the two degrees of
+  least bound (while they can still hold the least).
 
 Why it is a bound: the simulator charges every rank at least the work of its pieces at these (ideal) rates plus,
 per micro-batch it holds tokens in, ``h = T_fixed + T_gemm``. If ``a`` ranks hold work, the busiest of them takes
 at least ``ΣW/a + h >= ΣW/(dp·cp) + h``; the rank that runs sample s takes at least ``U(s) + h``; every step ends
 with the gradient all-reduce; two or more samples on one replica add up as in P and G. Cost: O(samples log
-samples + layers + r²) per degree (the pair term is skipped above ``PAIR_LIMIT`` replicas).
+samples + layers + r²) per degree (the pair term is skipped above ``PAIR_LIMIT`` replicas), plus R's MILPs
+(each under a node limit; 0.1–1 s on the DP32·CP8 steps).
 ``tests/test_bounds.py`` checks it against thousands of random valid plans and the MILP optimum (sim/exact.py).
 """
 
@@ -108,7 +114,7 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     fwd = lin / (3.0 * np.maximum(s, 1.0))  # linear forward seconds per token
     q_shard = piece / (2 * cp) if cp > 1 else piece
     shard = (np.asarray(cost.linear_s(s / cp, 0, ideal=True)) + np.asarray(cost.attn_s(pairs / cp, q_shard, 0))
-             + fwd * _recomputed(s / cp, cost, memory))
+             + _recompute_s(s / cp, cp, q_shard, fwd, cost, memory))
     work = cp * shard
     # A chain runs its pieces in separate micro-batches (the Plan allows one piece of a sample per micro-batch):
     # at least one more per-micro-batch cost h than a whole sample; sharded whole it pays its own full exchange.
@@ -124,7 +130,7 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     unit = shard + exchange
     # A chain on one rank: the tokens whose activations do not fit must run their forward again, or layers are
     # checkpointed.
-    chain = lin + fwd * _recomputed(s, cost, memory) + np.asarray(cost.attn_s(pairs, piece, 0))
+    chain = lin + _recompute_s(s, 1, piece, fwd, cost, memory) + np.asarray(cost.attn_s(pairs, piece, 0))
     work = np.minimum(work, chain)
     unit = np.minimum(unit, chain + h)
     one_rank = chain.copy()
@@ -175,16 +181,26 @@ def _hull_edges(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return edges
 
 
-def _recomputed(tokens: np.ndarray, cost: CostModel, memory: bool = True) -> np.ndarray:
-    """Fewest tokens' worth of linear forward a rank runs twice when it must hold the activations of ``tokens``
-    tokens of one sample: min over k checkpointed layers of (n − cap(k))⁺ (dropped, recomputed) + (k/L)·min(n,
-    cap(k)) (checkpointed layers run their forward again)."""
+def _recompute_s(tokens: np.ndarray, ranks: int, q_len: np.ndarray, fwd: np.ndarray, cost: CostModel,
+                 memory: bool = True) -> np.ndarray:
+    """Least seconds a rank spends running forward passes again when it must hold the activations of ``tokens``
+    tokens of one sample (its 1/``ranks`` share): min over k checkpointed layers of what is dropped, (n −
+    cap(k))⁺ tokens recomputed in full, plus k/L of the forward of the min(n, cap(k)) it keeps. A recomputed
+    token runs its linear forward (``fwd`` seconds per token) and its attention forward again (the simulator
+    charges both); the attention of m of the sample's tokens is at least that of its first m, causal·m² pairs
+    (split over the ranks, in blocks of at most ``q_len`` queries)."""
+    n = np.asarray(tokens, dtype=np.float64)
     if not memory:
-        return np.zeros(np.shape(tokens))
-    n = np.asarray(tokens, dtype=np.float64)[:, None]
+        return np.zeros(np.shape(n))
+    n = n[:, None]
     caps = cost.token_caps[None, :]
-    ks = np.arange(cost.layers + 1)[None, :]
-    return (np.maximum(n - caps, 0.0) + ks / cost.layers * np.minimum(n, caps)).min(axis=1)
+    share = np.arange(cost.layers + 1)[None, :] / cost.layers
+    dropped = np.maximum(n - caps, 0.0)
+    kept = np.minimum(n, caps)
+    per_pair = np.asarray(cost.attn_s(1.0, np.broadcast_to(q_len, np.shape(tokens)), 0), dtype=np.float64)
+    per_pair = per_pair[:, None] / (1.0 + cost.cfg.attn_bwd_factor)  # forward only
+    pairs = cost.cfg.causal_factor * ((dropped * ranks) ** 2 + share * (kept * ranks) ** 2) / ranks
+    return (np.asarray(fwd, dtype=np.float64)[:, None] * (dropped + share * kept) + per_pair * pairs).min(axis=1)
 
 
 def _breakpoints(cost: CostModel) -> np.ndarray:
@@ -288,8 +304,10 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
     also holds for plans over memory (no recompute, checkpointing or chains forced by it)."""
     if len(lengths) == 0:
         return 0.0
+    from .replica_bound import replica_bound
+
     world = cost.cfg.dp * cost.cfg.cp
-    out = math.inf
+    found = []  # per degree: (bound, busiest-replica bound, cost model, forms)
     for d in degrees or (cost.cfg.cp,):
         c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
         forms = sample_forms(lengths, c, split_len, memory)
@@ -301,8 +319,20 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d),
                       group_bound(lengths, forms, c, world // d))
         busiest = exchange_bound(lengths, forms, c, world // d, busiest)
-        out = min(out, busiest + c.grad_allreduce_s())
+        found.append((busiest + c.grad_allreduce_s(), busiest, c, forms))
+    # the per-replica program (few replicas) raises a degree's bound: run on the (at most REFINED) degrees of
+    # least bound, while they could hold the least
+    out = math.inf
+    for rank, (bound, busiest, c, forms) in enumerate(sorted(found, key=lambda x: x[0])):
+        if bound >= out:
+            break
+        if rank < REFINED:
+            bound = replica_bound(lengths, forms, c, world // c.cfg.cp, busiest) + c.grad_allreduce_s()
+        out = min(out, bound)
     return out
+
+
+REFINED = 2  # degrees per step the per-replica program runs on (each: up to three MILPs)
 
 
 PAIR_LIMIT = 256  # replicas up to which the pair bound is computed (O(replicas²) pairs)

@@ -220,9 +220,12 @@ def _with_cp(cost: CostModel, cp: int, dp: int) -> CostModel:
     return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=cp, dp=dp))
 
 
-def simulate(plan: Plan, cost: CostModel) -> SimReport:
-    """Simulate every step of ``plan``; see the module docstring for the time model."""
+def simulate(plan: Plan, cost: CostModel, *, bounds: bool = True) -> SimReport:
+    """Simulate every step of ``plan``; see the module docstring for the time model. ``bounds=False`` skips each
+    step's lower bound (``lower_bound_s`` 0, so no efficiency), for callers that report times only: the bound
+    solves small MILPs for steps with few replicas (sim/replica_bound.py)."""
     if plan.world != cost.cfg.dp * cost.cfg.cp:
         raise ValueError(f"plan world {plan.world} != --dp {cost.cfg.dp} x --cp {cost.cfg.cp}; "
                          "simulate with the layout the plan was made for")
-    return SimReport(steps=tuple(simulate_step(i, step, plan, cost) for i, step in enumerate(plan.steps)))
+    return SimReport(steps=tuple(simulate_step(i, step, plan, cost, bound=bounds)
+                                 for i, step in enumerate(plan.steps)))
