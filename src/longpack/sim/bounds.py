@@ -244,15 +244,35 @@ def chain_exchange(lengths: np.ndarray, cost: CostModel, limit: float, pieces: n
     shrink = 1 - 1e-9
     h = per_micro_batch_s(cost)
     n0 = np.asarray(pieces, dtype=np.float64) * np.ones_like(s)
+    two = _two_pieces(s, cost, limit) * shrink + h
     best = np.full(s.shape, np.inf)
     for extra in range(64):
         n = n0 + extra
         y = np.minimum(s / n, limit)
         env = np.max([a + b * y for a, b in lines], axis=0)
-        best = np.minimum(best, np.maximum(n * env, n * c0) * shrink + (n - 1) * h)
+        jensen = np.maximum(n * env, n * c0) * shrink + (n - 1) * h
+        best = np.minimum(best, np.where(n == 2, np.maximum(jensen, two), jensen))
         if np.all((n + 1) * c0 * shrink + n * h >= best):  # more pieces cost more than the floor alone
             return best
     return np.minimum(best, (n + 1) * c0 * shrink + n * h)  # any larger n pays at least its floors
+
+
+def _two_pieces(s: np.ndarray, cost: CostModel, limit: float) -> np.ndarray:
+    """Least exchange of a sample cut into exactly two pieces of at most ``limit`` tokens, each in its own
+    micro-batch: min over the cut x of comm_floor(x) + comm_floor(s − x). Both terms are piecewise linear in x
+    with the tables' sizes as breakpoints, so the least sits at a breakpoint of either or at an end of the cut's
+    range. Exact where the envelope of :func:`chain_exchange` (Jensen) is not: on a table that is concave in
+    places, two halves can cost more than the envelope says. Infinite where two pieces cannot hold the sample.
+    O(samples · breakpoints)."""
+    pts = _breakpoints(cost)[:-1]
+    lo = np.maximum(s - limit, 1.0)[:, None]
+    hi = np.minimum(limit, s - 1.0)[:, None]
+    x = np.concatenate([lo, hi, pts[None, :] + 0 * lo, s[:, None] - pts[None, :]], axis=1)
+    x = np.clip(x, lo, np.maximum(lo, hi))
+    shape = x.shape
+    flat = x.ravel()
+    y = (comm_floor(flat, cost) + comm_floor(np.repeat(s, shape[1]) - flat, cost)).reshape(shape)
+    return np.where(hi[:, 0] >= lo[:, 0], y.min(axis=1), np.inf)
 
 
 def comm_lower(lengths: np.ndarray, cost: CostModel, pieces: np.ndarray | int = 1) -> np.ndarray:

@@ -35,6 +35,8 @@ valid plans and the MILP optimum.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..cost import CostModel
@@ -56,17 +58,13 @@ def replica_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: 
     if cost.cfg.cp <= 1 or cost.cfg.pp > 1 or not 2 <= replicas <= REPLICA_LIMIT or s.size <= replicas:
         return known
     program = _Program(s, forms, cost, replicas)
-    lo = max(known, program.solve(0.0))
-    h = per_micro_batch_s(cost)
-    chord = _chord_slope(cost)
-    slope = chord(lo - h)
-    hi = program.solve(slope) if slope > 0 else lo
+    lo = max(known, program.solve(math.inf))
+    hi = program.solve(lo)
     for _ in range(PROBES):  # invariant: the optimum >= lo
         if hi <= lo:
             break
         mid = 0.5 * (lo + hi)
-        slope = chord(mid - h)
-        if slope > 0 and program.solve(slope) > mid:
+        if program.solve(mid) > mid:
             lo = mid
         else:
             hi = mid
@@ -74,10 +72,11 @@ def replica_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: 
 
 
 class _Program:
-    """The program's data for one degree; :meth:`solve` adds the chord line (slope 0: none) and solves."""
+    """The program's data for one degree; :meth:`solve` solves it for plans of time at most t."""
 
     def __init__(self, s: np.ndarray, forms: Forms, cost: CostModel, replicas: int) -> None:
         self.d, self.r, self.h = cost.cfg.cp, replicas, per_micro_batch_s(cost)
+        self.chord = _chord_slope(cost)
         order = np.argsort(-forms.local, kind="stable")
         self.placed = order[:INTEGRAL]
         self.s, self.forms = s, forms
@@ -93,7 +92,10 @@ class _Program:
                 self.buckets.append((float(s[m].sum()), float(np.min(forms.local[m] / np.maximum(s[m], 1.0))),
                                      float(np.min(forms.shard[m] / np.maximum(s[m], 1.0)))))
 
-    def solve(self, chord: float) -> float:
+    def solve(self, t: float) -> float:
+        """R(t): the least busiest-replica time of plans of time at most ``t`` (infinite: of any plan). Such a
+        plan's micro-batches exchange at most what fits t, so the chord slope at t is one more exchange line,
+        and a sample whose one-rank time exceeds t cannot run on one rank. The optimum is at least min(t, R(t))."""
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
 
@@ -125,6 +127,7 @@ class _Program:
             add([(a0 + k * r + g, 1.0) for g in range(r)] + [(o0 + k * r + g, 1.0) for g in range(r)], 1.0, 1.0)
         for b, (tokens, _, _) in enumerate(self.buckets):
             add([(u0 + b * r + g, 1.0) for g in range(r)] + [(v0 + b * r + g, 1.0) for g in range(r)], tokens, tokens)
+        chord = self.chord(t - h) if math.isfinite(t) else 0.0
         lines = self.lines + ([(0.0, chord)] if chord > 0 else [])
         for g in range(r):
             shares = [(a0 + k * r + g, -float(f.shard[i])) for k, i in enumerate(placed.tolist())]
@@ -144,8 +147,10 @@ class _Program:
         upper = np.full(size, np.inf)
         integrality = np.zeros(size)
         for k in range(n):  # the k-th placed sample on replicas 0..k (replicas relabelled by first use)
+            whole = float(f.local[placed[k]]) + h <= t  # it may run on one rank
             for g in range(r):
-                upper[a0 + k * r + g] = upper[o0 + k * r + g] = 1.0 if g <= k else 0.0
+                upper[a0 + k * r + g] = 1.0 if g <= k else 0.0
+                upper[o0 + k * r + g] = 1.0 if g <= k and whole else 0.0
             integrality[a0 + k * r: a0 + (k + 1) * r] = 1
             integrality[o0 + k * r: o0 + (k + 1) * r] = 1
         upper[z0: z0 + r] = 1.0
