@@ -267,7 +267,7 @@ def _two_pieces(s: np.ndarray, cost: CostModel, limit: float) -> np.ndarray:
     pts = _breakpoints(cost)[:-1]
     lo = np.maximum(s - limit, 1.0)[:, None]
     hi = np.minimum(limit, s - 1.0)[:, None]
-    x = np.concatenate([lo, hi, pts[None, :] + 0 * lo, s[:, None] - pts[None, :]], axis=1)
+    x = np.concatenate([lo, hi, np.broadcast_to(pts, (s.size, pts.size)), s[:, None] - pts[None, :]], axis=1)
     x = np.clip(x, lo, np.maximum(lo, hi))
     shape = x.shape
     flat = x.ravel()
