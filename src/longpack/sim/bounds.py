@@ -61,7 +61,7 @@ from ..cost import CostModel, attention_pairs
 
 __all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
            "comm_minorant", "comm_lower", "comm_floor",
-           "chain_exchange", "exchange_bound", "memory_caps", "micro_batch_overhead", "group_bound"]
+           "chain_exchange", "exchange_bound", "crossing", "memory_caps", "micro_batch_overhead", "group_bound"]
 
 
 def min_ckpt(lengths: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -327,7 +327,7 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
     from .replica_bound import replica_bound
 
     world = cost.cfg.dp * cost.cfg.cp
-    found = []  # per degree: (bound, busiest-replica bound, cost model, forms)
+    found = []  # per degree: (bound, busiest-replica bound, all-reduce, cost model, forms)
     for d in degrees or (cost.cfg.cp,):
         c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
         forms = sample_forms(lengths, c, split_len, memory)
@@ -339,20 +339,21 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         busiest = max(spread, float(unit.max()) + h, pair_bound(lengths, forms, c, world // d),
                       group_bound(lengths, forms, c, world // d))
         busiest = exchange_bound(lengths, forms, c, world // d, busiest)
-        found.append((busiest + c.grad_allreduce_s(), busiest, c, forms))
+        allreduce = c.grad_allreduce_s()
+        found.append((busiest + allreduce, busiest, allreduce, c, forms))
     # the per-replica program (few replicas) raises a degree's bound: run on the (at most REFINED) degrees of
     # least bound, while they could hold the least
     out = math.inf
-    for rank, (bound, busiest, c, forms) in enumerate(sorted(found, key=lambda x: x[0])):
+    for rank, (bound, busiest, allreduce, c, forms) in enumerate(sorted(found, key=lambda x: x[0])):
         if bound >= out:
             break
         if rank < REFINED:
-            bound = replica_bound(lengths, forms, c, world // c.cfg.cp, busiest) + c.grad_allreduce_s()
+            bound = replica_bound(lengths, forms, c, world // c.cfg.cp, busiest) + allreduce
         out = min(out, bound)
     return out
 
 
-REFINED = 2  # degrees per step the per-replica program runs on (each: up to three MILPs)
+REFINED = 2  # degrees per step the per-replica program runs on (each: up to 2 + PROBES MILPs)
 
 
 PAIR_LIMIT = 256  # replicas up to which the pair bound is computed (O(replicas²) pairs)
@@ -515,11 +516,18 @@ def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas:
             best = max(best, float(np.minimum(short, np.where(fits, local_short, np.inf)).sum(axis=0).max()))
         return best / replicas + h
 
-    lo = known
+    return crossing(f, known, 40)
+
+
+def crossing(f: Callable[[float], float], lo: float, probes: int) -> float:
+    """Bisection for the bound where a falling f crosses the identity, given ``lo`` already a bound: when f(t)
+    bounds every plan of time at most t, the optimum is at least min(t, f(t)), so a probe t with f(t) > t is a
+    bound. The search runs between lo and f(lo) (for t >= lo, f(t) <= f(lo)), ``probes`` halvings; returns the
+    largest bound found (``lo`` when f(lo) <= lo)."""
     hi = f(lo)
-    if hi <= lo:
-        return known
-    for _ in range(40):  # invariant: f(lo) > lo (so the optimum >= lo), and f(hi) <= hi
+    for _ in range(probes):  # invariant: the optimum >= lo
+        if hi <= lo:
+            break
         mid = 0.5 * (lo + hi)
         if f(mid) > mid:
             lo = mid

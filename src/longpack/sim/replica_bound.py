@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from ..cost import CostModel
-from .bounds import Forms, _chord_slope, comm_minorant, per_micro_batch_s
+from .bounds import Forms, _chord_slope, comm_minorant, crossing, per_micro_batch_s
 
 __all__ = ["replica_bound", "REPLICA_LIMIT"]
 
@@ -58,17 +58,7 @@ def replica_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: 
     if cost.cfg.cp <= 1 or cost.cfg.pp > 1 or not 2 <= replicas <= REPLICA_LIMIT or s.size <= replicas:
         return known
     program = _Program(s, forms, cost, replicas)
-    lo = max(known, program.solve(math.inf))
-    hi = program.solve(lo)
-    for _ in range(PROBES):  # invariant: the optimum >= lo
-        if hi <= lo:
-            break
-        mid = 0.5 * (lo + hi)
-        if program.solve(mid) > mid:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return crossing(program.solve, max(known, program.solve(math.inf)), PROBES)
 
 
 class _Program:
