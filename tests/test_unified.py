@@ -35,8 +35,10 @@ def test_unified_plans_are_valid_deterministic_and_no_slower_than_plain_balanced
     plan = _plan(x, cost)
     plan.validate()  # coverage, cap on every rank, chain order, equal micro-batch counts
     assert plan.to_json() == _plan(x, cost).to_json()
-    # the candidate (d = cp, K = 1, alpha = inf) is always in the search, so no step is slower than it
-    plain = _plan(x, cost, degrees=str(cp), splits="1", alphas="inf")
+    # the candidate (d = cp, K = 1, alpha = inf) is always in the search and refine never slows a layout, so no
+    # step is slower than that plain packing (unrefined: refined, it may find what the whole search's finalists
+    # do not)
+    plain = _plan(x, cost, degrees=str(cp), splits="1", alphas="inf", refine="0")
     for got, base in zip(simulate(plan, cost).steps, simulate(plain, cost).steps, strict=True):
         assert not got.oom or base.oom  # a fitting candidate always beats one over memory
         if not base.oom:
@@ -166,13 +168,19 @@ def test_unified_memory_sized_chain_fits_beside_its_kv_store():
 
 def test_unified_hides_own_samples_under_a_chains_exchange():
     """0.5B at DP1 x CP8 with --max-len 32K: a 100K sample runs as a sharded chain whose chunks exchange K/V with
-    nothing else to do; the short samples move into those chunks, on their ranks, and stay under the exchange."""
+    nothing else to do; the short samples move into those chunks, on their ranks, and stay under the exchange
+    (refine off: its fold may then go over the exchange where the step gets faster, checked below)."""
     from longpack.sim.simulate import micro_batch_times
 
     cost = _cost(dp=1, cp=8)
     x = np.array([100_000] + [700] * 95)
-    plan = get_planner("unified").plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "8"}),
+    plan = get_planner("unified").plan(x, [np.arange(x.size)],
+                                       PlanContext(cost=cost, options={"degrees": "8", "refine": "0"}),
                                        max_len=32 * 1024)
+    refined = get_planner("unified").plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "8"}),
+                                          max_len=32 * 1024)
+    refined.validate()
+    assert simulate(refined, cost).total_s <= simulate(plan, cost).total_s * (1 + 1e-12)
     plan.validate()
     assert simulate(plan, cost).oom_steps == 0
     mbs = plan.steps[0].replicas[0].micro_batches
@@ -206,3 +214,93 @@ def test_unified_alphas_option_refuses_a_bad_threshold_in_one_line():
     for bad in ("unit,abc", "0", "-1"):
         with pytest.raises(ValueError, match=r"--opt alphas=.*positive numbers, inf, unit or light"):
             _plan(x, cost, alphas=bad)
+
+
+def test_unified_chain_runs_its_short_piece_first_when_that_is_faster():
+    """0.5B at CP 256 (DP32·CP8 as one group), a 1.5M sample under --max-len 128K: 12 pieces. Full chunks after
+    one short first piece beat even chunks in the simulator (the short piece attends to no prefix; the full ones
+    keep the largest attention blocks), and the planner's cut choice picks them."""
+    from longpack.planners.base import assemble_step
+    from longpack.planners.unified import _chain_cuts, _pieces
+    from longpack.sim.simulate import simulate_step
+
+    cost = _cost(dp=1, cp=256)
+    n, chunk = 1_514_021, 128 * 1024
+    cuts, _ = _chain_cuts(n, chunk, 256, 24, cost, 0)
+    sizes = np.diff(cuts)
+    assert cuts[0] == 0 and cuts[-1] == n and sizes.size == 12
+    assert sizes[0] == n - 11 * chunk and np.all(sizes[1:] == chunk)
+    times = {}
+    for name, c in (("chosen", cuts), ("even", [n * j // 12 for j in range(13)])):
+        step = assemble_step([_pieces(0, c, None, 0, kept=24)], cp=256, token_cap=cost.token_cap())
+        plan = Plan(planner="unified", world=256, lengths={0: n}, steps=(step,))
+        plan.validate()
+        times[name] = simulate_step(0, step, plan, cost, bound=False).time_s
+    assert times["chosen"] < 0.99 * times["even"]
+
+
+def test_unified_folds_a_regular_micro_batch_into_a_chains_micro_batches():
+    """7B at DP1·CP32 (the exchange crosses nodes) with --max-len 32K: a 200K sample runs as a chain of 7 pieces,
+    and a 14K sample, over the 12.5K-token cap, must run sharded. Without refine it gets a micro-batch of its own
+    beside some own samples too long to hide under a chunk's exchange; refine folds that micro-batch into the
+    chain's (the 14K sample sharded beside a chunk, the rest on their ranks or sharded) and the step is faster."""
+    cost = _cost("qwen2.5-7b", dp=1, cp=32)
+    x = np.array([200_000, 14_000, 13_000, 9_000, 8_000, 7_000] + [700] * 60)
+    got = {}
+    for refine in ("0", "32"):
+        plan = get_planner("unified").plan(x, [np.arange(x.size)],
+                                           PlanContext(cost=cost, options={"degrees": "32", "refine": refine}),
+                                           max_len=32 * 1024)
+        plan.validate()
+        rep = simulate(plan, cost, bounds=False)
+        assert rep.oom_steps == 0
+        mbs = [mb for mb in plan.steps[0].replicas[0].micro_batches if mb.pieces]
+        regular = [mb for mb in mbs if not any(p.sample == 0 for p in mb.pieces)]
+        got[refine] = (rep.total_s, len(regular))
+    assert got["0"][1] >= 1 and got["32"][1] == 0
+    assert got["32"][0] < 0.97 * got["0"][0]
+
+
+def test_unified_refine_trades_sharded_samples_between_replicas():
+    """Greedy dealing (LPT) puts a 30K and a 20K sample together in the classic worst case of five samples, all
+    sharded (--token-cap 8K per rank) over DP2·CP8; refine trades sharded samples between the replicas and ends at
+    the even split {30K, 30K} | {20K, 20K, 20K}."""
+    cost = _cost(dp=2, cp=8, token_cap=8000)
+    x = np.array([30_000, 30_000, 20_000, 20_000, 20_000])
+    got = {}
+    for refine in ("0", "32"):
+        plan = get_planner("unified").plan(x, [np.arange(x.size)],
+                                           PlanContext(cost=cost, options={"degrees": "8", "refine": refine}))
+        plan.validate()
+        assert all(p.cp_rank is None for _, _, _, p in plan.iter_pieces())
+        sets = sorted(sorted(int(x[p.sample]) for mb in rep.micro_batches for p in mb.pieces)
+                      for rep in plan.steps[0].replicas)
+        got[refine] = (simulate(plan, cost, bounds=False).total_s, sets)
+    assert got["32"][1] == [[20_000, 20_000, 20_000], [30_000, 30_000]] != got["0"][1]
+    assert got["32"][0] < 0.95 * got["0"][0]
+
+
+def test_unified_dense_micro_batches_cover_fit_and_beat_balanced_ones_on_one_stage():
+    """7B at CP 2 (cap 12,005 tokens per rank): four sharded samples and a 9K own sample per rank. The balanced
+    deal spreads the sharded ones and needs three micro-batches; dense packing holds them in one (one exchange
+    latency, one h) beside a micro-batch of the own samples, and takes less time. Every sample is placed once, on
+    its rank or sharded, within the budget."""
+    from collections import Counter
+
+    from longpack.planners.unified import _dense_micro_batches, _micro_batches, _times, _total_s
+    from longpack.sim.simulate import micro_batch_times
+
+    cost = _cost("qwen2.5-7b", dp=16, cp=2)
+    budget = cost.token_cap(0)
+    lengths = np.array([7000, 6000, 5000, 4000, 9000, 9000])
+    t_loc, t_sh = _times(lengths.astype(np.float64), cost, 2, 0)
+    args = ([0, 1, 2, 3], [[4], [5]], lengths, np.arange(6), t_loc, t_sh, budget, 2, 0, cost)
+    balanced = _micro_batches(*args)
+    for spread in (False, True):
+        mbs = _dense_micro_batches(*args, spread=spread)
+        assert Counter(p.sample for mb in mbs for p in mb.pieces) == Counter(range(6))
+        assert all(p.cp_rank == {4: 0, 5: 1}.get(p.sample) for mb in mbs for p in mb.pieces)
+        assert all(micro_batch_times(mb, 2, cost)[4].max() <= budget for mb in mbs)
+    dense = _dense_micro_batches(*args)
+    assert len(dense) == 2 < len(balanced)
+    assert _total_s(dense, 2, cost) < _total_s(balanced, 2, cost)

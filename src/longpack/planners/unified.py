@@ -20,9 +20,9 @@ Knobs (each is one paper's lever, made a choice instead of a fixed setting):
   store of the pieces before it (and each earlier piece as long as memory allows beside its own prefix's K/V),
   the earlier pieces recomputed — uniform chunks of a full cap would leave no room for that store.
 * **Budget split** K in {1, 2, 4} (and 8 with pp > 1): a micro-batch holds at most B = cap(k) // K tokens per rank.
-  Samples longer than B·d become ChunkFlow chains of the fewest even chunks of at most B·d tokens whose first
-  N − K chunks are recomputed, so the K kept chunks fit the cap; smaller micro-batches also shorten pipeline
-  bubbles when pp > 1.
+  Samples longer than B·d become ChunkFlow chains of the fewest chunks of at most B·d tokens (even, or full after
+  one short first piece, whichever the estimate says is faster) whose first N − K chunks are recomputed, so the
+  K kept chunks fit the cap; smaller micro-batches also shorten pipeline bubbles when pp > 1.
 * **Sharding threshold** α in {∞, 2, 1, 1/2, unit, light}: a sample that fits one rank (s ≤ B) is still sharded
   over the CP group when its whole-rank time exceeds α·τ, where τ is the mean rank load if every sample ran whole
   (compute-driven sharding, which Skrull's DACP never does: it shards only for memory); ``unit`` shards it when
@@ -44,9 +44,12 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
 4. (d > 1) own samples move from those micro-batches into the big and chain micro-batches of their replica, on
    their rank, while they stay under that micro-batch's K/V exchange and fit the cap and memory (a chain's chunks
    otherwise exchange with nothing else to do);
-5. refine (pp = 1), on the two best layouts of the best degree and the best of the next two degrees: on the
-   slowest replica's busiest rank, shard its largest own sample, or move an own sample to the fastest replica's
-   idlest rank; a move stays only if the slowest replica gets faster in the simulator.
+5. refine (pp = 1), on the two best layouts of the best degree and the best of the next two degrees: fold each
+   replica's regular micro-batches into its big and chain micro-batches (every piece to the host it lengthens
+   least, own samples sharded where no rank has room), kept where faster; then on the slowest replica's busiest
+   rank, shard its largest own sample, move an own sample to the fastest replica's idlest rank, or trade sharded
+   samples between the slowest and the fastest replica (one moved, or two swapped); a move stays only if the
+   slowest replica gets faster in the simulator.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
@@ -67,6 +70,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -290,8 +294,9 @@ class Unified(Planner):
                 chunk = min(budget * d, limit)
                 # keep as many chunks' activations as the cap holds (more than K when --max-len made them small)
                 kept = max(c.split, cap // -(-chunk // d))
-                units.append(_chain(sample, n, chunk, d, kept, k0))
-                est.append(self._chain_s(n, chunk, d, kept, cost, k0))
+                cuts, t_chain = _chain_cuts(n, chunk, d, kept, cost, k0)
+                units.append(_pieces(sample, cuts, rank, k0, kept))
+                est.append(t_chain)
         for lo, hi in ((0, first_chain), (first_chain, len(units))):  # big samples first, then chains
             for g, members in enumerate(lpt(est[lo:hi], n_rep)):
                 for m in members:
@@ -299,10 +304,24 @@ class Unified(Planner):
                     rep_load[g] += est[lo + m]
         return tail, rep_load, ckpt_big
 
-    @staticmethod
-    def _chain_s(n: int, chunk: int, d: int, split: int, cost: CostModel, k: int) -> float:
-        """Estimated seconds of one chain on each of its d ranks (recomputed chunks run their forward twice)."""
-        return _pieces_s(_even_cuts(n, chunk), d, split, cost, k)
+
+@dataclass
+class _Host:
+    """A tail micro-batch that takes guests: its index in the tail, the guests' cost factor, per rank own work,
+    token room, held tokens and K/V prefix, and its shares' time, exchange and sharded tokens."""
+
+    index: int
+    mb: MicroBatch
+    scale: float
+    load: np.ndarray
+    dist: float
+    comm: float
+    sharded: float
+    room: np.ndarray
+    base: np.ndarray
+    prefix: np.ndarray
+    chain: int | None  # the chain sample whose chunk this is
+    keeps: bool  # a chunk whose activations stay until the chain's last: its guests' stay too
 
 
 class _Layout:
@@ -316,60 +335,65 @@ class _Layout:
         self.lengths, self.samples, self.t_loc, self.t_sh = lengths, samples, t_loc, t_sh
         self.shared, self.own, self.tail = shared, own, tail
         self._mbs: dict[int, list[MicroBatch]] = {}
+        self.fold: set[int] = set()  # replicas whose regular micro-batches fold into their tail (refine)
 
     def replica(self, g: int) -> list[MicroBatch]:
         if g not in self._mbs:
-            regular = _micro_batches(self.shared[g], self.own[g], self.lengths, self.samples, self.t_loc,
-                                     self.t_sh, self.budget, self.d, self.ckpt, self.cost)
-            self._mbs[g] = self._hide_under_tail(regular, self.tail[g])
+            args = (self.shared[g], self.own[g], self.lengths, self.samples, self.t_loc, self.t_sh, self.budget,
+                    self.d, self.ckpt, self.cost)
+            regular = _micro_batches(*args)
+            if self.d > 1 and self.cost.cfg.pp == 1 and self.shared[g]:
+                # one pipeline stage: micro-batch times add up, so dense packing may beat balanced micro-batches
+                best = _total_s(regular, self.d, self.cost)
+                for spread in (False, True):
+                    other = _dense_micro_batches(*args, spread=spread)
+                    t = _total_s(other, self.d, self.cost)
+                    if t < best * (1 - 1e-9):
+                        regular, best = other, t
+            self._mbs[g] = self._hide_under_tail(regular, self.tail[g], g in self.fold)
         return self._mbs[g]
 
-    def _hide_under_tail(self, regular: list[MicroBatch], tail: list[MicroBatch]) -> list[MicroBatch]:
+    def _hide_under_tail(self, regular: list[MicroBatch], tail: list[MicroBatch], fold: bool = False
+                         ) -> list[MicroBatch]:
         """Move own samples from a replica's regular micro-batches into its big and chain micro-batches, on the
         same CP rank, while that rank's own work stays under the micro-batch's K/V exchange (free by Eq. 2) and
         within the token cap and memory (activations held for the chain and the K/V store of its prefix). Only
         micro-batches whose tokens no later one holds take guests: big ones (guests then pay the checkpointed
         layers' second forward), recomputed chunks (4/3 of their estimate) and a chain's last chunk. Empty
-        regular micro-batches are dropped. Never slower by the estimate; O(pieces · tail)."""
+        regular micro-batches are dropped. Never slower by the estimate; O(pieces · tail).
+
+        ``fold``: move every piece of the regular micro-batches instead, sharded ones too, each (sharded first,
+        then heaviest first) to the host whose estimated time grows least, over its exchange if need be — a
+        regular micro-batch emptied saves its whole time (refine keeps this only where the simulator says it is
+        faster). O(pieces · tail)."""
         if self.d == 1 or not tail or not regular:
             return regular + tail
-        d, cost = self.d, self.cost
+        cost = self.cost
         where = {int(x): i for i, x in enumerate(self.samples.tolist())}
-        guests = sorted(((float(self.t_loc[where[p.sample]]), p.stop - p.start, p, m)
-                         for m, mb in enumerate(regular) for p in mb.pieces if p.cp_rank is not None),
-                        key=lambda x: (-x[0], x[2].sample))
+        hosts = [h for h in self._hosts(tail, where) if fold or not h.keeps]
         moved: dict[int, set[int]] = {}  # regular micro-batch -> samples taken out of it
-        held: dict[int, np.ndarray] = {}  # chain sample -> tokens per rank its kept chunks hold
-        out_tail = []
-        for mb in tail:
-            _, local, _, comm, tokens, prefix = micro_batch_times(mb, d, cost)
-            first = mb.pieces[0]
-            full = int(self.lengths[where[first.sample]])
-            chain = first if len(mb.pieces) == 1 and (first.start > 0 or first.stop < full) else None
-            last = chain is not None and chain.stop == full
-            base = tokens + held.get(chain.sample, 0.0) if chain is not None else tokens.copy()
-            if chain is not None and not mb.recompute and not last:
-                held[chain.sample] = held.get(chain.sample, np.zeros(d)) + tokens
-                out_tail.append(mb)
-                continue
-            # a guest pays what its host pays: the second forward of a recomputed chunk, checkpointed layers
-            scale = (4 / 3 if mb.recompute else 1.0) * (1 + mb.ckpt_layers / (3 * cost.layers))
-            load = local - cost.fixed_s
-            room = self.cap - tokens
-            extra = []
-            for t, n, p, m in guests:
-                j = p.cp_rank
-                if p.sample in moved.get(m, ()) or n > room[j] or load[j] + t * scale > 0.9 * comm[j]:
-                    continue
-                if cost.memory_bytes(base[j] + n, mb.ckpt_layers, prefix[j]) > cost.hw.memory_bytes:
-                    continue
-                extra.append(p)
-                moved.setdefault(m, set()).add(p.sample)
-                room[j] -= n
-                base[j] += n
-                load[j] += t * scale
-            out_tail.append(MicroBatch(pieces=mb.pieces + tuple(extra), ckpt_layers=mb.ckpt_layers,
-                                       recompute=mb.recompute, pad_to=mb.pad_to) if extra else mb)
+        extra: dict[int, list[Piece]] = {}  # tail micro-batch -> its guests
+        if fold:
+            self._fold(regular, hosts, where, moved, extra)
+        else:
+            guests = sorted(((float(self.t_loc[where[p.sample]]), p.stop - p.start, p, m)
+                             for m, mb in enumerate(regular) for p in mb.pieces if p.cp_rank is not None),
+                            key=lambda x: (-x[0], x[2].sample))
+            for h in hosts:
+                for t, n, p, m in guests:
+                    j = p.cp_rank
+                    if p.sample in moved.get(m, ()) or n > h.room[j] or h.load[j] + t * h.scale > 0.9 * h.comm:
+                        continue
+                    if cost.memory_bytes(h.base[j] + n, h.mb.ckpt_layers, h.prefix[j]) > cost.hw.memory_bytes:
+                        continue
+                    extra.setdefault(h.index, []).append(p)
+                    moved.setdefault(m, set()).add(p.sample)
+                    h.room[j] -= n
+                    h.base[j] += n
+                    h.load[j] += t * h.scale
+        out_tail = [MicroBatch(pieces=mb.pieces + tuple(extra[x]), ckpt_layers=mb.ckpt_layers,
+                               recompute=mb.recompute, pad_to=mb.pad_to) if x in extra else mb
+                    for x, mb in enumerate(tail)]
         kept = []
         for m, mb in enumerate(regular):
             gone = moved.get(m)
@@ -380,6 +404,79 @@ class _Layout:
                                        pad_to=mb.pad_to))
         return kept + out_tail
 
+    def _hosts(self, tail: list[MicroBatch], where: dict[int, int]) -> list[_Host]:
+        """The tail micro-batches with their state: those that may take guests (see :meth:`_hide_under_tail`)
+        and the chunks a chain keeps (``keeps``: a guest's activations then stay until the chain's last chunk,
+        on top of every later chunk's, as the simulator charges them)."""
+        d, cost = self.d, self.cost
+        held: dict[int, np.ndarray] = {}  # chain sample -> tokens per rank its kept chunks hold
+        hosts = []
+        for x, mb in enumerate(tail):
+            _, local, dist, comm, tokens, prefix = micro_batch_times(mb, d, cost)
+            first = mb.pieces[0]
+            full = int(self.lengths[where[first.sample]])
+            chain = first if len(mb.pieces) == 1 and (first.start > 0 or first.stop < full) else None
+            last = chain is not None and chain.stop == full
+            base = tokens + held.get(chain.sample, 0.0) if chain is not None else tokens.copy()
+            keeps = chain is not None and not mb.recompute and not last
+            if chain is not None and keeps:
+                held[chain.sample] = held.get(chain.sample, np.zeros(d)) + tokens
+            # a guest pays what its host pays: the second forward of a recomputed chunk, checkpointed layers
+            scale = (4 / 3 if mb.recompute else 1.0) * (1 + mb.ckpt_layers / (3 * cost.layers))
+            sharded = float(sum(p.stop - p.start for p in mb.pieces if p.cp_rank is None))
+            hosts.append(_Host(x, mb, scale, local - cost.fixed_s, float(dist[0]), float(comm[0]), sharded,
+                               self.cap - tokens, base, prefix, chain.sample if chain else None, keeps))
+        return hosts
+
+    def _fold(self, regular: list[MicroBatch], hosts: list[_Host], where: dict[int, int],
+              moved: dict[int, set[int]], extra: dict[int, list[Piece]]) -> None:
+        """Fold mode of :meth:`_hide_under_tail`: every piece of the regular micro-batches to the host whose
+        estimated time (shares + max(exchange, busiest own work)) grows least, within the cap and memory."""
+        d, cost = self.d, self.cost
+        items = [(p.cp_rank is not None, -float(self.t_loc[where[p.sample]] if p.cp_rank is not None
+                                                 else self.t_sh[where[p.sample]]), p.sample, m, p)
+                 for m, mb in enumerate(regular) for p in mb.pieces]
+        for _, _, _, m, p in sorted(items, key=lambda x: x[:3]):
+            n, i = p.stop - p.start, where[p.sample]
+            best: tuple[float, int, Piece] | None = None
+            # an own piece may also go sharded (into a host its rank has no room or memory in, or where that
+            # grows the host less); ties: on its rank
+            forms = [p] if p.cp_rank is None else [p, Piece(p.sample, p.start, p.stop, None)]
+            for q in forms:
+                w = -(-n // d) if q.cp_rank is None else n
+                ranks = slice(None) if q.cp_rank is None else slice(q.cp_rank, q.cp_rank + 1)
+                for x, h in enumerate(hosts):
+                    if np.any(h.room[ranks] < w) or any(
+                            np.any(cost.memory_bytes(y.base[ranks] + w, y.mb.ckpt_layers, y.prefix[ranks])
+                                   > cost.hw.memory_bytes) for y in _carriers(hosts, x)):
+                        continue
+                    busiest = float(h.load.max())
+                    before = h.dist + max(h.comm, busiest)
+                    if q.cp_rank is None:
+                        after = h.dist + float(self.t_sh[i]) * h.scale + max(
+                            cost.cp_comm_s(h.sharded + n, h.mb.ckpt_layers), busiest)
+                    else:
+                        after = h.dist + max(h.comm, busiest, float(h.load[q.cp_rank]) + float(self.t_loc[i]) * h.scale)
+                    if best is None or after - before < best[0]:
+                        best = (after - before, x, q)
+            if best is None:
+                continue
+            _, x, q = best
+            h = hosts[x]
+            extra.setdefault(h.index, []).append(q)
+            moved.setdefault(m, set()).add(q.sample)
+            w = -(-n // d) if q.cp_rank is None else n
+            ranks = slice(None) if q.cp_rank is None else slice(q.cp_rank, q.cp_rank + 1)
+            h.room[ranks] -= w
+            for y in _carriers(hosts, x):
+                y.base[ranks] += w
+            if q.cp_rank is None:
+                h.dist += float(self.t_sh[i]) * h.scale
+                h.sharded += n
+                h.comm = cost.cp_comm_s(h.sharded, h.mb.ckpt_layers)
+            else:
+                h.load[q.cp_rank] += float(self.t_loc[i]) * h.scale
+
     def replica_s(self, g: int) -> float:
         """Simulated time of replica g (one pipeline stage): Σ over its micro-batches of the slowest rank."""
         return sum(float(micro_batch_times(mb, self.d, self.cost)[0].max()) for mb in self.replica(g) if mb.pieces)
@@ -388,14 +485,27 @@ class _Layout:
         return assemble_step([self.replica(g) for g in range(len(self.own))], cp=self.d, token_cap=self.cap)
 
     def refine(self, moves: int) -> None:
-        """Local search on the simulated times, for what the greedy's estimates miss (own work that cannot share
-        the exchange's micro-batch, micro-batches not aligned across ranks, a lone mid-size sample that leaves its
-        CP peers idle). Two moves, on the slowest replica's busiest rank, kept only if that replica gets faster
-        (and, for the second, the receiving replica stays below the old time): shard its largest own sample over
-        the replica's CP group; or move the own sample closest to half the gap to the fastest replica's idlest
-        rank. At most ``moves`` tries, each O(pieces of two replicas)."""
+        """Local search on the simulated times, for what the greedy's estimates miss (own work that cannot share the
+        exchange's micro-batch, micro-batches not aligned across ranks, a lone mid-size sample that leaves its CP peers
+        idle). First, per replica with big or chain micro-batches, the fold of :meth:`_hide_under_tail`, kept where that
+        replica gets faster. Then two moves, on the slowest replica's busiest rank, kept only if that replica gets
+        faster (and, for the second, the receiving replica stays below the old time): shard its largest own sample over
+        the replica's CP group; or move the own sample closest to half the gap to the fastest replica's idlest rank;
+        then, if that move is not kept, :meth:`_trade_shared`. At most ``moves`` tries, each O(pieces of two
+        replicas + sharded samples of two replicas squared)."""
         n_rep = len(self.own)
         times = [self.replica_s(g) for g in range(n_rep)]
+        if self.d > 1:
+            for g in range(n_rep):  # fold: empty the regular micro-batches into the tail where that is faster
+                if self.tail[g] and len(self._mbs[g]) > len(self.tail[g]):
+                    before = self._mbs.pop(g)
+                    self.fold.add(g)
+                    t = self.replica_s(g)
+                    if t < times[g] * (1 - 1e-9):
+                        times[g] = t
+                    else:
+                        self.fold.discard(g)
+                        self._mbs[g] = before
         tried: set[tuple[str, int]] = set()
         for _ in range(moves):
             slow = max(range(n_rep), key=lambda g: (times[g], -g))
@@ -423,20 +533,64 @@ class _Layout:
                     return
                 continue
             pick = [i for i in self.own[slow][j] if ("move", i) not in tried and self.t_loc[i] < gap]
-            if not pick:
-                if big is None:
-                    return
-                continue
-            i = min(pick, key=lambda x: (abs(float(self.t_loc[x]) - gap / 2), x))
-            tried.add(("move", i))
-            dest = [float(self.t_loc[m].sum()) if m else 0.0 for m in self.own[fast]]
-            jj = min(range(self.d), key=lambda x: (dest[x], x))
-            self._move(i, (slow, j), (fast, jj))
-            new = (self.replica_s(slow), self.replica_s(fast))
-            if max(new) < times[slow] * (1 - 1e-9):
-                times[slow], times[fast] = new
-            else:
+            if pick:
+                i = min(pick, key=lambda x: (abs(float(self.t_loc[x]) - gap / 2), x))
+                tried.add(("move", i))
+                dest = [float(self.t_loc[m].sum()) if m else 0.0 for m in self.own[fast]]
+                jj = min(range(self.d), key=lambda x: (dest[x], x))
+                self._move(i, (slow, j), (fast, jj))
+                new = (self.replica_s(slow), self.replica_s(fast))
+                if max(new) < times[slow] * (1 - 1e-9):
+                    times[slow], times[fast] = new
+                    continue
                 self._move(i, (fast, jj), (slow, j))
+            traded = self._trade_shared(slow, fast, times, tried) if self.d > 1 else None
+            if traded is None and not pick and big is None:
+                return
+
+    def _trade_shared(self, slow: int, fast: int, times: list[float], tried: set[tuple]) -> bool | None:
+        """Refine's third move: a sharded sample of the slowest replica to the fastest, or swapped for a lighter
+        one of it, whose estimated cost difference (share + marginal exchange) is closest to half the gap; kept if
+        both replicas end below the old slowest time. None when no such trade is left to try."""
+        cost, k = self.cost, self.ckpt
+        gap = times[slow] - times[fast]
+        c0 = float(cost.cp_comm_s(1e-9, k))
+
+        def price(items: list[int]) -> np.ndarray:
+            n = self.lengths[np.asarray(items, dtype=np.int64)].astype(np.float64)
+            return self.t_sh[np.asarray(items, dtype=np.int64)] + np.asarray(cost.cp_comm_s(n, k)) - c0
+
+        out, into = list(self.shared[slow]), list(self.shared[fast]) + [-1]  # -1: a plain move, nothing back
+        if not out:
+            return None
+        back = np.append(price(into[:-1]) if len(into) > 1 else np.zeros(0), 0.0)
+        diff = price(out)[:, None] - back[None, :]
+        score = np.where((diff > 0) & (diff < gap), np.abs(diff - gap / 2), np.inf)
+        for a, b in zip(*np.nonzero(np.isfinite(score)), strict=True):
+            if ("trade", out[a], into[b]) in tried:
+                score[a, b] = np.inf
+        if not np.isfinite(score).any():
+            return None
+        a, b = np.unravel_index(int(np.argmin(score)), score.shape)
+        i, j = out[a], into[b]
+        tried.add(("trade", i, j))
+        before = (list(self.shared[slow]), list(self.shared[fast]))
+
+        def heavy_first(x: int) -> tuple[float, int]:
+            return -float(self.t_sh[x]), x
+
+        self.shared[slow] = sorted([x for x in out if x != i] + ([j] if j >= 0 else []), key=heavy_first)
+        self.shared[fast] = sorted([x for x in into[:-1] if x != j] + [i], key=heavy_first)
+        self._mbs.pop(slow, None)
+        self._mbs.pop(fast, None)
+        new = (self.replica_s(slow), self.replica_s(fast))
+        if max(new) < times[slow] * (1 - 1e-9):
+            times[slow], times[fast] = new
+            return True
+        self.shared[slow], self.shared[fast] = before
+        self._mbs.pop(slow, None)
+        self._mbs.pop(fast, None)
+        return False
 
     def _move(self, i: int, src: tuple[int, int], dst: tuple[int, int]) -> None:
         self.own[src[0]][src[1]].remove(i)
@@ -559,18 +713,20 @@ def _heaviest_first(t: np.ndarray, pos: np.ndarray) -> list[int]:
     return pos[np.lexsort((pos, -t[pos]))].tolist()
 
 
-def _even_cuts(n: int, chunk: int) -> list[int]:
-    """Bounds of the fewest pieces of at most ``chunk`` tokens that cover [0, n), as even as integers allow. A
-    ragged last piece would be the costliest: it attends to the longest prefix with the fewest queries per
-    attention block (on lmsys at CP 256, 12 pieces of one 1.5M sample: 0.4 s of 9.9 s)."""
+def _chain_cuts(n: int, chunk: int, d: int, kept: int, cost: CostModel, k: int) -> tuple[list[int], float]:
+    """ChunkFlow chain cuts of a sample of n tokens: the fewest pieces of at most ``chunk`` tokens, either as even
+    as integers allow or full chunks after one short first piece, whichever :func:`_pieces_s` estimates faster
+    (ties: even), with that estimate. A short piece has the fewest queries per attention block; first, it attends
+    to no prefix, so its slower blocks cost little; last, it attends to the longest prefix (on lmsys at CP 256,
+    one 1.5M sample in 12 pieces: 0.4 s of 9.9 s when last). Full chunks instead of even ones keep the other
+    pieces' blocks at the largest size. O(pieces)."""
     count = -(-n // chunk)
-    return [n * j // count for j in range(count + 1)]
-
-
-def _chain(sample: int, n: int, chunk: int, d: int, kept: int, ckpt: int) -> list[MicroBatch]:
-    """ChunkFlow chain: the fewest chunks of at most ``chunk`` tokens, even, in order, all but the last ``kept``
-    recomputed."""
-    return _pieces(sample, _even_cuts(n, chunk), None if d > 1 else 0, ckpt, kept)
+    even = [n * j // count for j in range(count + 1)]
+    first = n - (count - 1) * chunk
+    options = [even] + ([[0] + [first + chunk * j for j in range(count)]] if count > 1 and first < chunk else [])
+    timed = [(_pieces_s(cuts, d, kept, cost, k), i, cuts) for i, cuts in enumerate(options)]
+    t, _, cuts = min(timed)
+    return cuts, t
 
 
 def _big_micro_batches(pos: np.ndarray, lengths: np.ndarray, samples: np.ndarray, cap: int, d: int,
@@ -591,6 +747,12 @@ def _big_micro_batches(pos: np.ndarray, lengths: np.ndarray, samples: np.ndarray
         room[b] -= w
     return [MicroBatch(pieces=tuple(Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in members),
                        ckpt_layers=ckpt) for members in bins]
+
+
+def _carriers(hosts: list[_Host], x: int) -> list[_Host]:
+    """Host x and, when it is a kept chunk, the later chunks of its chain (they carry its guests' activations)."""
+    h = hosts[x]
+    return [h] + ([y for y in hosts[x + 1:] if y.chain == h.chain] if h.keeps else [])
 
 
 def _micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray, samples: np.ndarray,
@@ -621,6 +783,77 @@ def _micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray,
         for j, mine in enumerate(own):
             pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for i, mb in zip(mine, own_of[j], strict=True)
                        if mb == b]
+        if pieces:
+            out.append(MicroBatch(pieces=tuple(pieces), ckpt_layers=ckpt))
+    return out
+
+
+def _total_s(mbs: list[MicroBatch], d: int, cost: CostModel) -> float:
+    """Simulated time of micro-batches run one after another (one pipeline stage)."""
+    return sum(float(micro_batch_times(mb, d, cost)[0].max()) for mb in mbs if mb.pieces)
+
+
+def _dense_micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray, samples: np.ndarray,
+                         t_loc: np.ndarray, t_sh: np.ndarray, budget: int, d: int, ckpt: int, cost: CostModel,
+                         spread: bool = False) -> list[MicroBatch]:
+    """A replica's samples in few full micro-batches, for one pipeline stage, where micro-batch times add up and
+    only the per-micro-batch costs and the K/V exchange own work does not hide are lost: sharded samples first fit
+    decreasing (each micro-batch pays the exchange's latency once, and h once), or with ``spread`` dealt over the
+    fewest micro-batches that could hold all, each to the lightest with room (more exchanges for own work to hide
+    under); then the own samples of every rank, heaviest first, each to the micro-batch whose time grows least by
+    Eq. 2 (own work up to the exchange and the busiest rank's own work is free; ties: the fullest that fits on
+    that rank, so room stays for the larger), a new micro-batch when none has room.
+    O(samples · micro-batches)."""
+    m = max(1, -(-max(sum(-(-int(lengths[i]) // d) for i in shared) + sum(int(lengths[i]) for i in mine)
+                          for mine in own) // budget)) if spread else 0
+    used: list[int] = [0] * m
+    members: list[list[int]] = [[] for _ in range(m)]
+    sh_tokens: list[float] = [0.0] * m
+    sh_time = [0.0] * m
+    for i in shared:  # heaviest first
+        w = -(-int(lengths[i]) // d)
+        fit = [x for x, u in enumerate(used) if u + w <= budget]
+        b = (min(fit, key=lambda x: (sh_time[x], x)) if spread else fit[0]) if fit else None
+        if b is None:
+            used.append(0)
+            members.append([])
+            sh_tokens.append(0.0)
+            sh_time.append(0.0)
+            b = len(used) - 1
+        used[b] += w
+        sh_time[b] += float(t_sh[i])
+        members[b].append(i)
+        sh_tokens[b] += float(lengths[i])
+    comm = [float(cost.cp_comm_s(x, ckpt)) for x in sh_tokens]
+    placed: list[list[tuple[int, int]]] = [[] for _ in used]  # per micro-batch: (rank, sample)
+    room = [[budget - u for u in used] for _ in own]  # per rank, per micro-batch
+    loc = [[0.0] * len(used) for _ in own]
+    top = [0.0] * len(used)  # per micro-batch: its busiest rank's own work
+    items = sorted(((j, i) for j, mine in enumerate(own) for i in mine), key=lambda x: (-float(t_loc[x[1]]), x))
+    for j, i in items:  # heaviest first, over all ranks
+        n, t = int(lengths[i]), float(t_loc[i])
+        fit = [b for b in range(len(top)) if n <= room[j][b]]
+        if not fit:  # a micro-batch of own samples only
+            for r in range(len(own)):
+                room[r].append(budget)
+                loc[r].append(0.0)
+            used.append(0)
+            comm.append(0.0)
+            top.append(0.0)
+            members.append([])
+            placed.append([])
+            fit = [len(top) - 1]
+        # the micro-batch's time grows by what its busiest rank's own work then exceeds (Eq. 2)
+        b = min(fit, key=lambda x: (max(comm[x], top[x], loc[j][x] + t) - max(comm[x], top[x]), room[j][x], x))
+        room[j][b] -= n
+        loc[j][b] += t
+        top[b] = max(top[b], loc[j][b])
+        placed[b].append((j, i))
+    rank = None if d > 1 else 0
+    out = []
+    for b in range(len(members)):
+        pieces = [Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in members[b]]
+        pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for j, i in placed[b]]
         if pieces:
             out.append(MicroBatch(pieces=tuple(pieces), ckpt_layers=ckpt))
     return out
