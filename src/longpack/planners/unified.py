@@ -44,12 +44,13 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
 4. (d > 1) own samples move from those micro-batches into the big and chain micro-batches of their replica, on
    their rank, while they stay under that micro-batch's K/V exchange and fit the cap and memory (a chain's chunks
    otherwise exchange with nothing else to do);
-5. refine (pp = 1), on the two best layouts of the best degree and the best of the next two degrees: fold each
-   replica's regular micro-batches into its big and chain micro-batches (every piece to the host it lengthens
-   least, own samples sharded where no rank has room), kept where faster; then on the slowest replica's busiest
-   rank, shard its largest own sample, move an own sample to the fastest replica's idlest rank, or trade sharded
-   samples between the slowest and the fastest replica (one moved, or two swapped); a move stays only if the
-   slowest replica gets faster in the simulator.
+5. refine (pp = 1), on the two best layouts of the best degree and the best of the next two degrees: each replica
+   keeps the faster of its balanced micro-batches and dense ones (sharded samples first fit, own samples where they
+   lengthen a micro-batch least); fold each replica's regular micro-batches into its big and chain micro-batches
+   (every piece to the host it lengthens least, own samples sharded where no rank has room), kept where faster; then
+   on the slowest replica's busiest rank, shard its largest own sample, move an own sample to the fastest replica's
+   idlest rank, or trade sharded samples between the slowest and the fastest replica (one moved, or two swapped); a
+   move stays only if the slowest replica gets faster in the simulator.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
@@ -336,14 +337,16 @@ class _Layout:
         self.shared, self.own, self.tail = shared, own, tail
         self._mbs: dict[int, list[MicroBatch]] = {}
         self.fold: set[int] = set()  # replicas whose regular micro-batches fold into their tail (refine)
+        self.dense = False  # also try dense packings per replica (refine: the finalists only, for planning time)
 
     def replica(self, g: int) -> list[MicroBatch]:
         if g not in self._mbs:
             args = (self.shared[g], self.own[g], self.lengths, self.samples, self.t_loc, self.t_sh, self.budget,
                     self.d, self.ckpt, self.cost)
             regular = _micro_batches(*args)
-            if self.d > 1 and self.cost.cfg.pp == 1 and self.shared[g]:
+            if self.dense and self.d > 1 and self.cost.cfg.pp == 1 and self.shared[g]:
                 # one pipeline stage: micro-batch times add up, so dense packing may beat balanced micro-batches
+                # (refine turns this on for the finalists: three packings per replica cost planning time)
                 best = _total_s(regular, self.d, self.cost)
                 for spread in (False, True):
                     other = _dense_micro_batches(*args, spread=spread)
@@ -485,15 +488,19 @@ class _Layout:
         return assemble_step([self.replica(g) for g in range(len(self.own))], cp=self.d, token_cap=self.cap)
 
     def refine(self, moves: int) -> None:
-        """Local search on the simulated times, for what the greedy's estimates miss (own work that cannot share the
-        exchange's micro-batch, micro-batches not aligned across ranks, a lone mid-size sample that leaves its CP peers
-        idle). First, per replica with big or chain micro-batches, the fold of :meth:`_hide_under_tail`, kept where that
-        replica gets faster. Then two moves, on the slowest replica's busiest rank, kept only if that replica gets
-        faster (and, for the second, the receiving replica stays below the old time): shard its largest own sample over
-        the replica's CP group; or move the own sample closest to half the gap to the fastest replica's idlest rank;
-        then, if that move is not kept, :meth:`_trade_shared`. At most ``moves`` tries, each O(pieces of two
-        replicas + sharded samples of two replicas squared)."""
+        """Local search on the simulated times, for what the greedy's estimates miss (own work that cannot share
+        the exchange's micro-batch, micro-batches not aligned across ranks, a lone mid-size sample that leaves
+        its CP peers idle). First, every replica keeps the fastest of its balanced and dense packings
+        (:func:`_dense_micro_batches`, one pipeline stage), then, per replica with big or chain micro-batches,
+        the fold of :meth:`_hide_under_tail`, kept where that replica gets faster. Then two moves, on the
+        slowest replica's busiest rank, kept only if that replica gets faster (and, for the second, the
+        receiving replica stays below the old time): shard its largest own sample over the replica's CP group;
+        or move the own sample closest to half the gap to the fastest replica's idlest rank; then, if that move
+        is not kept, :meth:`_trade_shared`. At most ``moves`` tries, each O(pieces of two replicas + sharded
+        samples of two replicas squared)."""
         n_rep = len(self.own)
+        self.dense = True  # each replica keeps the fastest of its packings (never slower than before)
+        self._mbs.clear()
         times = [self.replica_s(g) for g in range(n_rep)]
         if self.d > 1:
             for g in range(n_rep):  # fold: empty the regular micro-batches into the tail where that is faster
