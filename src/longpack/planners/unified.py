@@ -441,7 +441,7 @@ class _Layout:
                  for m, mb in enumerate(regular) for p in mb.pieces]
         for _, _, _, m, p in sorted(items, key=lambda x: x[:3]):
             n, i = p.stop - p.start, where[p.sample]
-            best: tuple[float, int, Piece] | None = None
+            best: tuple[float, int, Piece, int, slice] | None = None
             # an own piece may also go sharded (into a host its rank has no room or memory in, or where that
             # grows the host less); ties: on its rank
             forms = [p] if p.cp_rank is None else [p, Piece(p.sample, p.start, p.stop, None)]
@@ -461,15 +461,13 @@ class _Layout:
                     else:
                         after = h.dist + max(h.comm, busiest, float(h.load[q.cp_rank]) + float(self.t_loc[i]) * h.scale)
                     if best is None or after - before < best[0]:
-                        best = (after - before, x, q)
+                        best = (after - before, x, q, w, ranks)
             if best is None:
                 continue
-            _, x, q = best
+            _, x, q, w, ranks = best
             h = hosts[x]
             extra.setdefault(h.index, []).append(q)
             moved.setdefault(m, set()).add(q.sample)
-            w = -(-n // d) if q.cp_rank is None else n
-            ranks = slice(None) if q.cp_rank is None else slice(q.cp_rank, q.cp_rank + 1)
             h.room[ranks] -= w
             for y in _carriers(hosts, x):
                 y.base[ranks] += w
@@ -771,25 +769,30 @@ def _micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray,
     sh_tok = [-(-int(lengths[i]) // d) for i in shared]
     need = max(sum(sh_tok) + sum(int(lengths[i]) for i in mine) for mine in own)
     m = max(1, -(-need // budget))
-    rank = None if d > 1 else 0
     if m == 1:  # everything fits one micro-batch on every rank (need <= budget): nothing to deal
-        pieces = [Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in shared]
-        for j, mine in enumerate(own):
-            pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for i in mine]
-        return [MicroBatch(pieces=tuple(pieces), ckpt_layers=ckpt)]
+        return _whole_pieces([shared], [[(j, i) for j, mine in enumerate(own) for i in mine]], lengths, samples,
+                             d, ckpt)
     while True:
         layout = _deal(shared, own, lengths, t_loc, t_sh, sh_tok, budget, m, cost, ckpt)
         if layout is not None:
             break
         m += 1
     sh_of, own_of = layout
+    sharded = [[i for i, mb in zip(shared, sh_of, strict=True) if mb == b] for b in range(m)]
+    placed = [[(j, i) for j, mine in enumerate(own) for i, mb in zip(mine, own_of[j], strict=True) if mb == b]
+              for b in range(m)]
+    return _whole_pieces(sharded, placed, lengths, samples, d, ckpt)
+
+
+def _whole_pieces(sharded: list[list[int]], placed: list[list[tuple[int, int]]], lengths: np.ndarray,
+                  samples: np.ndarray, d: int, ckpt: int) -> list[MicroBatch]:
+    """Micro-batches of whole samples: per micro-batch its sharded samples (all d ranks; rank 0 when d = 1), then
+    its (rank, sample) own ones, in the given order; empty ones are left out."""
+    rank = None if d > 1 else 0
     out = []
-    for b in range(m):
-        pieces = [Piece(int(samples[i]), 0, int(lengths[i]), rank) for i, mb in zip(shared, sh_of, strict=True)
-                  if mb == b]
-        for j, mine in enumerate(own):
-            pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for i, mb in zip(mine, own_of[j], strict=True)
-                       if mb == b]
+    for members, mine in zip(sharded, placed, strict=True):
+        pieces = [Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in members]
+        pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for j, i in mine]
         if pieces:
             out.append(MicroBatch(pieces=tuple(pieces), ckpt_layers=ckpt))
     return out
@@ -856,14 +859,7 @@ def _dense_micro_batches(shared: list[int], own: list[list[int]], lengths: np.nd
         loc[j][b] += t
         top[b] = max(top[b], loc[j][b])
         placed[b].append((j, i))
-    rank = None if d > 1 else 0
-    out = []
-    for b in range(len(members)):
-        pieces = [Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in members[b]]
-        pieces += [Piece(int(samples[i]), 0, int(lengths[i]), j) for j, i in placed[b]]
-        if pieces:
-            out.append(MicroBatch(pieces=tuple(pieces), ckpt_layers=ckpt))
-    return out
+    return _whole_pieces(members, placed, lengths, samples, d, ckpt)
 
 
 def _deal(shared: list[int], own: list[list[int]], lengths: np.ndarray, t_loc: np.ndarray, t_sh: np.ndarray,
