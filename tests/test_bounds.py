@@ -220,3 +220,52 @@ def test_two_piece_exchange_is_the_least_over_every_cut():
             scan = float(np.min(comm_floor(cuts, cost) + comm_floor(n - cuts, cost)))
             assert e <= scan * (1 + 1e-12)
             assert e >= scan - 1e-3 * scan  # the scan's grid is 0.025% of the range apart
+
+
+def test_micro_batch_overhead_charges_checkpointing_that_forced_sharding_does_not_pay_for():
+    """7B at CP 2: 14–23K samples fit no rank whole without checkpointing, so their cheapest form is sharded
+    (W above the memory-free work by the sharded attention's lower efficiency, and no recompute). The overhead
+    term charges their tokens h/cap(k) at the k a plan may use for the difference, not h/cap(L): here several
+    times more. Every way to run them, sharded or whole on one rank, with or without checkpointing, as a chain,
+    alone or packed, still pays in GPU-seconds at least Σ W plus that charge."""
+    from longpack.sim.bounds import memory_caps, micro_batch_overhead
+
+    cost = make_cost("qwen2.5-7b", "h100", dp=16, cp=2)  # cap ~12K tokens a rank
+    x = np.array([14_000.0, 18_000.0, 23_000.0])
+    forms = sample_forms(x, cost)
+    free = sample_forms(x, cost, memory=False)
+    assert np.all(forms.work > free.work)  # forced to shard: W is above the memory-free work
+    charge = micro_batch_overhead(x, forms, free, cost)
+    assert charge >= 3 * per_mb(cost) * x.sum() / float(memory_caps(cost).max())
+    n = x.astype(int).tolist()
+
+    def busy(mbs: list[list[Piece]], ckpt: list[int], recompute: list[bool] | None = None) -> float | None:
+        rep0 = Replica(tuple(MicroBatch(tuple(p), ckpt_layers=k, recompute=bool(r)) for p, k, r in
+                             zip(mbs, ckpt, recompute or [False] * len(mbs), strict=True)))
+        idle = Replica(tuple(MicroBatch(()) for _ in mbs))
+        step = Step(cp=2, token_cap=60_000, replicas=(rep0,) + (idle,) * 15)
+        plan = Plan("forms", 32, dict(enumerate(n)), (step,))
+        plan.validate()
+        rep = simulate(plan, cost, bounds=False).steps[0]
+        return None if rep.oom else sum(rep.replica_s[0] - t for t in rep.idle_s)
+
+    k_min = [cost.min_ckpt_for(s) for s in n]
+    plans = [
+        ([[Piece(i, 0, s, None)] for i, s in enumerate(n)], [0, 0, 0]),  # each sharded whole
+        ([[Piece(i, 0, s, None)] for i, s in enumerate(n)], [4, 4, 4]),  # sharded, checkpointed
+        ([[Piece(i, 0, s, 0)] for i, s in enumerate(n)], k_min),  # each whole on rank 0, fewest layers
+        ([[Piece(i, 0, s, i % 2)] for i, s in enumerate(n)], [k + 3 for k in k_min]),
+        ([[Piece(0, 0, n[0], 0), Piece(1, 0, n[1], 1)], [Piece(2, 0, n[2], None)]], [cost.layers, 0]),
+        ([[Piece(0, 0, 7_000, 0)], [Piece(0, 7_000, n[0], 0), Piece(1, 0, n[1], None)], [Piece(2, 0, n[2], None)]],
+         [0, 0, 0], [True, False, False]),  # a local chain, its head recomputed
+        ([[Piece(2, 0, 11_500, None)], [Piece(2, 11_500, n[2], None)], [Piece(0, 0, n[0], None)],
+          [Piece(1, 0, n[1], None)]], [0, 0, 0, 0], [True, False, False, False]),  # a sharded chain
+    ]
+    checked = 0
+    for mbs, *policy in plans:
+        gpu_s = busy(mbs, *policy)
+        if gpu_s is None:
+            continue
+        checked += 1
+        assert gpu_s >= (forms.work.sum() + charge) * (1 - 1e-12), (mbs, policy)
+    assert checked >= 5

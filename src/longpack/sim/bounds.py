@@ -21,9 +21,10 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md �
 * ``T_fixed + T_gemm`` = h: the per-micro-batch costs every rank holding tokens pays at least once: the launch
   cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). A micro-batch with k
   checkpointed layers holds at most cap(k) tokens on a rank and runs those layers' forward again, so a token of
-  a sample whose cheapest form needs no memory-forced recompute costs its ranks at least min_k(h/cap(k) +
-  (k/L)·f) beyond W (f: one linear forward per token), any other token at least h/max cap
-  (:func:`micro_batch_overhead`): the spread term is also at least (Σ W + that overhead) / (dp·cp).
+  a sample whose cheapest form is its memory-free one costs its ranks at least min_k(h/cap(k) + (k/L)·f) beyond
+  W (f: one linear forward per token); where memory forces recompute or sharding, W's excess g over the
+  memory-free work pays for that much checkpointing first (:func:`micro_batch_overhead`): the spread term is
+  also at least (Σ W + that overhead) / (dp·cp).
 * ``P``, two samples on one replica (:func:`pair_bound`): with r replicas, two of the r + 1 samples of largest
   U share a replica, and the least any such pair can cost there is a bound (both sharded pay both shares and
   the exchange of both; one sharded waits for its exchange or for the other's whole-rank work).
@@ -292,23 +293,48 @@ def memory_caps(cost: CostModel) -> np.ndarray:
 def micro_batch_overhead(lengths: np.ndarray, forms: Forms, free_forms: Forms, cost: CostModel) -> float:
     """GPU-seconds every plan within memory pays beyond Σ W for its micro-batches: a rank pays h per micro-batch
     it holds tokens in, and a micro-batch with k checkpointed layers holds at most cap(k) tokens per rank and
-    runs the forward of those layers again, (k/L)·f per token (f: one forward of the linear work per token). For
-    the tokens of samples whose cheapest form needs no memory-forced recompute (W equals its memory-free value,
-    so W charges them no recompute), each micro-batch thus pays at least tokens·min_k(h/cap(k) + (k/L)·f); for
-    the other tokens (W already charges their forced recompute) at least tokens·h/max_k cap(k). Summed over the
-    ranks and micro-batches, with Σ_ranks tokens >= Σ s. O(samples + layers)."""
+    runs the forward of those layers again, (k/L)·f per token (f: one forward of the linear work per token).
+
+    Per sample, with B its memory-free work (``free_forms``: no recompute, every form allowed) and g = W − B >= 0:
+    whatever form it runs in, its pieces' work without checkpointing is at least B, and a piece of n tokens in a
+    micro-batch with k layers adds n·(k/L)·f of recompute and holds n/cap(k) of that micro-batch's h. With w_k
+    the share of its tokens at k, φ_k = h/cap(k), ψ_k = (k/L)·f, it costs at least
+    max(W + s·Σ w_k φ_k, B + s·Σ w_k (φ_k + ψ_k)) = W + s·Φ + max(0, s·Ψ − g), (Φ, Ψ) = Σ w_k (φ_k, ψ_k).
+    The least of that over the convex hull of the points (φ_k, ψ_k) is its charge: the lower envelope of φ at
+    Ψ = g/s, or a vertex past it. For g = 0 that is s·min_k(φ_k + ψ_k); where W charges forced recompute or
+    forced sharding (g > 0), that much of the checkpointing is free. Summed over the ranks and micro-batches,
+    with Σ_ranks tokens >= Σ s. O(samples · layers)."""
     s = np.asarray(lengths, dtype=np.float64)
     caps = memory_caps(cost)
     ok = caps >= 1.0
-    if not ok.any():
+    if not ok.any() or not s.size:
         return 0.0
     h = per_micro_batch_s(cost)
     f = float(cost.linear_s(1.0, cost.layers, ideal=True)) - float(cost.linear_s(1.0, 0, ideal=True))
-    ks = np.arange(cost.layers + 1, dtype=np.float64)
-    per_token = float(np.min((h / caps + ks / cost.layers * f)[ok]))
-    free = free_forms.work >= forms.work * (1 - 1e-12)
+    phi = h / caps[ok]
+    psi = np.flatnonzero(ok).astype(np.float64) / cost.layers * f
+    gap = np.maximum(forms.work - free_forms.work, 0.0) / np.maximum(s, 1.0)  # g/s: recompute W already pays
+    # lower envelope of φ over ψ (ψ increases with k), evaluated at g/s; past the last point, its φ
+    hull = _lower_envelope(psi, phi)
+    env = np.interp(np.minimum(gap, psi[-1]), psi[hull], phi[hull])
+    past = np.where(psi[None, :] > gap[:, None], phi[None, :] + psi[None, :] - gap[:, None], np.inf)
+    per_token = np.minimum(env, past.min(axis=1))
     shrink = 1 - 1e-9  # rounding margin
-    return (per_token * float(s[free].sum()) + h * float(s[~free].sum()) / float(caps.max())) * shrink
+    return float(np.dot(per_token, s)) * shrink
+
+
+def _lower_envelope(x: np.ndarray, y: np.ndarray) -> list[int]:
+    """Indices of the lower convex hull of the points (x, y), x increasing (monotone chain). O(points)."""
+    out: list[int] = []
+    for i in range(x.size):
+        while len(out) >= 2:
+            a, b = out[-2], out[-1]
+            if (y[b] - y[a]) * (x[i] - x[a]) >= (y[i] - y[a]) * (x[b] - x[a]):
+                out.pop()  # b lies on or above the chord from a to i
+            else:
+                break
+        out.append(i)
+    return out
 
 
 def per_micro_batch_s(cost: CostModel) -> float:
