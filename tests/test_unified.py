@@ -304,3 +304,25 @@ def test_unified_dense_micro_batches_cover_fit_and_beat_balanced_ones_on_one_sta
     dense = _dense_micro_batches(*args)
     assert len(dense) == 2 < len(balanced)
     assert _total_s(dense, 2, cost) < _total_s(balanced, 2, cost)
+
+
+def test_unified_refines_a_second_sharding_of_its_best_degree(monkeypatch):
+    """7B ChatQA2 at DP2·CP8: the two best layouts of the best degree shard the same samples (they differ in how
+    the long ones run), so refine also gets the best layout that shards differently — where the greedy's times are
+    close but refine moves them apart (7B ChatQA2 at DP32·CP8: 10.157 s vs 10.165 s before refine, 10.156 s vs
+    9.911 s after)."""
+    from longpack.planners import unified
+
+    refined: list[tuple[int, frozenset[int]]] = []
+    original = unified._Layout.refine
+
+    def record(layout, moves):
+        refined.append((layout.d, layout.sharding))
+        original(layout, moves)
+
+    monkeypatch.setattr(unified._Layout, "refine", record)
+    cost = _cost("qwen2.5-7b", dp=2, cp=8)
+    x = generate("chatqa2-long-sft", 3000, seed=0)
+    _plan(x, cost, steps=1)
+    best = [sharding for d, sharding in refined if d == refined[0][0]]
+    assert len(best) == 3 and best[0] == best[1] != best[2]

@@ -44,7 +44,8 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
 4. (d > 1) own samples move from those micro-batches into the big and chain micro-batches of their replica, on
    their rank, while they stay under that micro-batch's K/V exchange and fit the cap and memory (a chain's chunks
    otherwise exchange with nothing else to do);
-5. refine (pp = 1), on the two best layouts of the best degree and the best of the next two degrees: each replica
+5. refine (pp = 1), on the two best layouts of the best degree (and its best that shards other samples, when those
+   two shard the same) and the best of the next two degrees: each replica
    keeps the faster of its balanced micro-batches and dense ones (sharded samples first fit, own samples where they
    lengthen a micro-batch least); fold each replica's regular micro-batches into its big and chain micro-batches
    (every piece to the host it lengthens least, own samples sharded where no rank has room), kept where faster; then
@@ -57,7 +58,7 @@ micro-batch counts, determinism (every tie broken by position). The candidate (d
 α = ∞) — plain cost-balanced packing with memory-forced sharding — is always evaluated, so the result is never
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
-Cost: C candidates × (O(n log n + n·m + n·replicas) placement + O(pieces) simulation) + 4 × ``refine`` moves ×
+Cost: C candidates × (O(n log n + n·m + n·replicas) placement + O(pieces) simulation) + up to 5 × ``refine`` moves ×
 O(pieces of two replicas); C ≤ |degrees| · 3 · 4 · 6, fewer after removing candidates that give the same placement;
 128 ms median per 256-sample lmsys batch (bench/planning.py, docs/BENCHMARKS.md: 94 ms before refine's fold, trades
 and dense packing; ChatQA2, whose long samples add degrees, takes longer). Options: ``degrees`` (comma-separated CP
@@ -107,7 +108,9 @@ class Unified(Planner):
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}
         seen: set[tuple] = set()
-        per_degree: dict[int, list[tuple[tuple[bool, float, int], _Layout]]] = {}  # the best two of each degree
+        # per degree: the best two layouts, and the best whose sharded samples differ from the best one's (the
+        # greedy's times of different shardings can be close while refine moves them far apart)
+        per_degree: dict[int, list[tuple[tuple[bool, float, int], _Layout]]] = {}
         for c in self.candidates(batch, ctx):
             cost = _with_cp(ctx.cost, c.degree, ctx.world // c.degree) if c.degree != ctx.cp else ctx.cost
             layout = self._build(batch, ctx, cost, c, seen)
@@ -117,7 +120,10 @@ class Unified(Planner):
             kept = per_degree.setdefault(c.degree, [])
             kept.append((key, layout))
             kept.sort(key=lambda kv: kv[0])
+            other = next((kv for kv in kept[2:] if kv[1].sharding != kept[0][1].sharding), None)
             del kept[2:]
+            if other is not None and all(kv[1].sharding == kept[0][1].sharding for kv in kept[1:]):
+                kept.append(other)
         if not per_degree:
             raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
         # local search on the best layouts of the best degrees (pp = 1: replica times add up), then the fastest:
@@ -338,6 +344,7 @@ class _Layout:
         self._mbs: dict[int, list[MicroBatch]] = {}
         self.fold: set[int] = set()  # replicas whose regular micro-batches fold into their tail (refine)
         self.dense = False  # also try dense packings per replica (refine: the finalists only, for planning time)
+        self.sharding = frozenset(i for g in shared for i in g)  # the samples it shards, as built
 
     def replica(self, g: int) -> list[MicroBatch]:
         if g not in self._mbs:
