@@ -326,3 +326,29 @@ def test_unified_refines_a_second_sharding_of_its_best_degree(monkeypatch):
     _plan(x, cost, steps=1)
     best = [sharding for d, sharding in refined if d == refined[0][0]]
     assert len(best) == 3 and best[0] == best[1] != best[2]
+
+
+def test_unified_dense_packing_with_reserve_leaves_room_for_own_work_to_hide_the_exchange():
+    """7B at CP 2: two sharded samples whose shares (6,500 + 5,100) fill one micro-batch but for 405 tokens, and a
+    900-token own sample per rank. First fit puts both shares in one micro-batch, whose exchange nothing hides,
+    and the own samples in a micro-batch of their own. Reserving the tokens that hide a full micro-batch's exchange
+    splits the shares; the own samples then run under the first one's exchange, and the replica is faster."""
+    from collections import Counter
+
+    from longpack.planners.unified import _dense_micro_batches, _hiding_tokens, _times, _total_s
+    from longpack.sim.simulate import micro_batch_times
+
+    cost = _cost("qwen2.5-7b", dp=16, cp=2)
+    budget = cost.token_cap(0)
+    reserve = _hiding_tokens(cost, budget, 2, 0)
+    assert 6_500 + 5_100 + reserve > budget >= 6_500 + 5_100 and reserve < 900
+    lengths = np.array([13_000, 10_200, 900, 900])
+    t_loc, t_sh = _times(lengths.astype(np.float64), cost, 2, 0)
+    args = ([0, 1], [[2], [3]], lengths, np.arange(4), t_loc, t_sh, budget, 2, 0, cost)
+    plain = _dense_micro_batches(*args)
+    kept = _dense_micro_batches(*args, reserve=reserve)
+    assert Counter(p.sample for mb in kept for p in mb.pieces) == Counter(range(4))
+    assert all(micro_batch_times(mb, 2, cost)[4].max() <= budget for mb in kept)
+    assert [sorted(p.sample for p in mb.pieces) for mb in plain] == [[0, 1], [2, 3]]
+    assert all(any(p.cp_rank is None for p in mb.pieces) for mb in kept)  # no micro-batch of own work alone
+    assert _total_s(kept, 2, cost) < _total_s(plain, 2, cost)

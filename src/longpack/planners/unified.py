@@ -45,13 +45,13 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
    their rank, while they stay under that micro-batch's K/V exchange and fit the cap and memory (a chain's chunks
    otherwise exchange with nothing else to do);
 5. refine (pp = 1), on the two best layouts of the best degree (and its best that shards other samples, when those
-   two shard the same) and the best of the next two degrees: each replica
-   keeps the faster of its balanced micro-batches and dense ones (sharded samples first fit, own samples where they
-   lengthen a micro-batch least); fold each replica's regular micro-batches into its big and chain micro-batches
-   (every piece to the host it lengthens least, own samples sharded where no rank has room), kept where faster; then
-   on the slowest replica's busiest rank, shard its largest own sample, move an own sample to the fastest replica's
-   idlest rank, or trade sharded samples between the slowest and the fastest replica (one moved, or two swapped); a
-   move stays only if the slowest replica gets faster in the simulator.
+   two shard the same) and the best of the next two degrees: each replica keeps the fastest of its balanced
+   micro-batches and dense ones (sharded samples first fit, spread, or first fit leaving room to hide the
+   exchange; own samples where they lengthen a micro-batch least); fold each replica's regular micro-batches into
+   its big and chain micro-batches (every piece to the host it lengthens least, own samples sharded where no rank
+   has room), kept where faster; then on the slowest replica's busiest rank, shard its largest own sample, move an
+   own sample to the fastest replica's idlest rank, or trade sharded samples between the slowest and the fastest
+   replica (one moved, or two swapped); a move stays only if the slowest replica gets faster in the simulator.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
@@ -63,8 +63,9 @@ O(pieces of two replicas); C ≤ |degrees| · 3 · 4 · 6, fewer after removing 
 128 ms median per 256-sample lmsys batch (bench/planning.py, docs/BENCHMARKS.md: 94 ms before refine's fold, trades
 and dense packing; ChatQA2, whose long samples add degrees, takes longer). Options: ``degrees`` (comma-separated CP
 degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none, ``unit``,
-``light``), ``refine`` (local-search moves, default 32; 0 turns it off), ``shard_chains`` (0: chains only at CP
-degree 1 — what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
+``light``), ``refine`` (local-search moves, default 32 or one per replica, whichever is more; 0 turns it off),
+``shard_chains`` (0: chains only at CP degree 1 — what ``longpack train`` sets, since the runtime runs chains at
+cp = 1 only).
 """
 
 from __future__ import annotations
@@ -128,11 +129,12 @@ class Unified(Planner):
             raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
         # local search on the best layouts of the best degrees (pp = 1: replica times add up), then the fastest:
         # the two best of the best degree, and the best of the next two
-        moves = int(ctx.option("refine", 32))
+        given = ctx.option("refine", None)  # default: 32 moves, or one per replica when there are more
         ranked = sorted(per_degree.values(), key=lambda kept: kept[0][0])
         finalists = ranked[0] + [kept[0] for kept in ranked[1:3]]
         best: tuple[tuple[bool, float, int], _Layout] | None = None
         for key, layout in finalists:
+            moves = int(given) if given is not None else max(32, len(layout.own))
             if moves and layout.cost.cfg.pp == 1 and not key[0]:
                 layout.refine(moves)
                 key = (*self._score(layout, lengths, ctx), key[2])
@@ -353,10 +355,11 @@ class _Layout:
             regular = _micro_batches(*args)
             if self.dense and self.d > 1 and self.cost.cfg.pp == 1 and self.shared[g]:
                 # one pipeline stage: micro-batch times add up, so dense packing may beat balanced micro-batches
-                # (refine turns this on for the finalists: three packings per replica cost planning time)
+                # (refine turns this on for the finalists: four packings per replica cost planning time)
                 best = _total_s(regular, self.d, self.cost)
-                for spread in (False, True):
-                    other = _dense_micro_batches(*args, spread=spread)
+                for spread, reserve in ((False, 0), (True, 0), (False, _hiding_tokens(self.cost, self.budget, self.d,
+                                                                                     self.ckpt))):
+                    other = _dense_micro_batches(*args, spread=spread, reserve=reserve)
                     t = _total_s(other, self.d, self.cost)
                     if t < best * (1 - 1e-9):
                         regular, best = other, t
@@ -812,12 +815,14 @@ def _total_s(mbs: list[MicroBatch], d: int, cost: CostModel) -> float:
 
 def _dense_micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray, samples: np.ndarray,
                          t_loc: np.ndarray, t_sh: np.ndarray, budget: int, d: int, ckpt: int, cost: CostModel,
-                         spread: bool = False) -> list[MicroBatch]:
+                         spread: bool = False, reserve: int = 0) -> list[MicroBatch]:
     """A replica's samples in few full micro-batches, for one pipeline stage, where micro-batch times add up and
     only the per-micro-batch costs and the K/V exchange own work does not hide are lost: sharded samples first fit
     decreasing (each micro-batch pays the exchange's latency once, and h once), or with ``spread`` dealt over the
     fewest micro-batches that could hold all, each to the lightest with room (more exchanges for own work to hide
-    under); then the own samples of every rank, heaviest first, each to the micro-batch whose time grows least by
+    under), or with ``reserve`` leaving that many tokens of each micro-batch's budget free of shares (room for own
+    work to hide the exchange; a share too large for that still fits a micro-batch of its own); then the own samples
+    of every rank, heaviest first, each to the micro-batch whose time grows least by
     Eq. 2 (own work up to the exchange and the busiest rank's own work is free; ties: the fullest that fits on
     that rank, so room stays for the larger), a new micro-batch when none has room.
     O(samples · micro-batches)."""
@@ -829,7 +834,8 @@ def _dense_micro_batches(shared: list[int], own: list[list[int]], lengths: np.nd
     sh_time = [0.0] * m
     for i in shared:  # heaviest first
         w = -(-int(lengths[i]) // d)
-        fit = [x for x, u in enumerate(used) if u + w <= budget]
+        limit = budget - reserve if w <= budget - reserve else budget
+        fit = [x for x, u in enumerate(used) if u + w <= limit]
         b = (min(fit, key=lambda x: (sh_time[x], x)) if spread else fit[0]) if fit else None
         if b is None:
             used.append(0)
@@ -867,6 +873,12 @@ def _dense_micro_batches(shared: list[int], own: list[list[int]], lengths: np.nd
         top[b] = max(top[b], loc[j][b])
         placed[b].append((j, i))
     return _whole_pieces(members, placed, lengths, samples, d, ckpt)
+
+
+def _hiding_tokens(cost: CostModel, budget: int, d: int, ckpt: int) -> int:
+    """Own tokens a rank needs to hide the exchange of a micro-batch full of shares (short samples' rate)."""
+    rate = float(cost.linear_s(1000.0, ckpt, ideal=True)) / 1000.0
+    return int(math.ceil(float(cost.cp_comm_s(float(budget * d), ckpt)) / rate))
 
 
 def _deal(shared: list[int], own: list[list[int]], lengths: np.ndarray, t_loc: np.ndarray, t_sh: np.ndarray,
