@@ -70,6 +70,24 @@ def test_chain_piece_attends_to_its_prefix_and_stores_kv(toy_model, toy_hw):
     assert step.time_s == pytest.approx(10 * LIN + 50 * PAIR + 6 * LIN / 3 + 18 * PAIR / 3.5)  # one more forward
 
 
+def test_a_chains_kept_chunks_count_in_every_micro_batch_until_its_last_at_the_layers_they_ran_with(toy_model,
+                                                                                                        toy_hw):
+    """A chain's kept chunk holds its micro-batch's activations until the chain's last chunk: also in a micro-batch
+    between them that holds no piece of the chain (the Plan allows such chains), and priced at the checkpointing
+    that chunk ran with, not the one of the micro-batch running now."""
+    cost = CostModel(toy_model, toy_hw, TrainConfig(token_cap=10**9))
+    mbs = (MicroBatch((Piece(0, 0, 6),)), MicroBatch((Piece(1, 0, 5),)), MicroBatch((Piece(0, 6, 10),), ckpt_layers=2))
+    plan = Plan("t", 1, {0: 10, 1: 5}, (Step(cp=1, token_cap=10**9, replicas=(Replica(mbs),)),))
+    peak = simulate(plan, cost).steps[0].peak_mem_bytes[0]
+    kv = 6 * 8 * 2 * 2  # the chain's 6 stored tokens x K/V width 8 x 2 bytes x 2 layers
+    held = toy_hw.fragmentation * cost.act_bytes_per_token(0) * 6
+    between = cost.memory_bytes(5) + held  # sample 1 runs while the chain's first chunk is held
+    last = cost.memory_bytes(4, 2, prefix_tokens=6) + held
+    assert cost.act_bytes_per_token(2) < cost.act_bytes_per_token(0)
+    assert peak == pytest.approx(max(between, last)) and between > cost.memory_bytes(6)
+    assert last > cost.memory_bytes(10, 2) + kv  # not the held tokens at the last chunk's 2 checkpointed layers
+
+
 def test_oom_is_flagged(toy_model, toy_hw):
     cost = CostModel(toy_model, toy_hw, TrainConfig(token_cap=10**9))
     n = 3_000_000  # x 528 bytes/token > 1 GiB

@@ -16,7 +16,9 @@ step's slowest rank.
 
 Memory per rank is the cost model's ``static + α·tokens + reserve``, where tokens include the activations a chunk
 chain still holds: a chain runs forward over all its chunks before its backward (descending), so every earlier
-chunk not marked ``recompute`` keeps its activations until then; plus the stored K/V of the chain's earlier tokens.
+chunk not marked ``recompute`` keeps its micro-batch's activations until then — in every micro-batch up to the
+chain's last chunk, whether or not it holds a piece of the chain, each priced at the checkpointing it ran with;
+plus the stored K/V of the chain's earlier tokens.
 A rank over the hardware's memory is an OOM.
 
 Padded micro-batches (``pad_to > 0``) compute every row at the padded length: padding costs time and memory.
@@ -148,7 +150,8 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     for r, rep in enumerate(reps):
         sl = slice(r * cp, (r + 1) * cp)
         mb_times = []
-        held: dict[int, np.ndarray] = {}  # chain sample -> activation tokens per rank its kept chunks hold
+        # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
+        held: dict[int, dict[int, np.ndarray]] = {}
         for mb in rep.micro_batches:
             time, local, dist, c, tokens, prefix = micro_batch_times(mb, cp, cost)
             mb_times.append(float(time.max()) if mb.pieces else 0.0)
@@ -157,14 +160,14 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
             comm[sl] += c
             overlap[sl] += np.minimum(c, local)
             chains = [p for p in mb.pieces if plan.is_chunk(p)]
-            resident = tokens + sum((held.get(p.sample, 0.0) for p in chains), np.zeros(cp))
-            mem = cost.memory_bytes(resident, mb.ckpt_layers, prefix) if mb.pieces else cost.memory_bytes(0.0)
+            mem = _resident_bytes(cost, mb, tokens, prefix, held)
             peak[sl] = np.maximum(peak[sl], mem)
             for p in chains:
                 if p.stop == plan.effective_length(p.sample):
                     held.pop(p.sample, None)  # last chunk: the chain's backward runs and frees it all
                 elif not mb.recompute:
-                    held[p.sample] = held.get(p.sample, np.zeros(cp)) + tokens
+                    kept = held.setdefault(p.sample, {})
+                    kept[mb.ckpt_layers] = kept.get(mb.ckpt_layers, np.zeros(cp)) + tokens
         if cost.cfg.pp > 1:
             res = pipeline_schedule(_pipeline_items(rep.micro_batches, mb_times, plan, cost), cost.cfg.pp,
                                     k=_kept_chunks(rep.micro_batches, plan))
@@ -189,6 +192,19 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
                       replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
                       overlap_s=tuple(overlap.tolist()), idle_s=tuple((slowest - busy).tolist()),
                       peak_mem_bytes=tuple(peak.tolist()), oom_ranks=oom)
+
+
+def _resident_bytes(cost: CostModel, mb: MicroBatch, tokens: np.ndarray, prefix: np.ndarray,
+                    held: dict[int, dict[int, np.ndarray]]) -> np.ndarray:
+    """Peak bytes per rank while ``mb`` runs: its own tokens and K/V prefix at its checkpointing, plus what every
+    unfinished chain still holds — in every micro-batch until the chain's last chunk, whether or not this one holds
+    a piece of it — each priced at the checkpointing its chunk ran with."""
+    same = sum((t for kept in held.values() for k, t in kept.items() if k == mb.ckpt_layers), np.zeros(tokens.size))
+    other = sum((cost.hw.fragmentation * cost.act_bytes_per_token(k) * t
+                 for kept in held.values() for k, t in kept.items() if k != mb.ckpt_layers), np.zeros(tokens.size))
+    if not mb.pieces and not held:
+        return np.full(tokens.size, float(cost.memory_bytes(0.0)))
+    return np.asarray(cost.memory_bytes(tokens + same, mb.ckpt_layers, prefix), dtype=np.float64) + other
 
 
 def _pipeline_items(mbs: tuple[MicroBatch, ...], times: list[float], plan: Plan, cost: CostModel) -> list[Item]:
