@@ -691,8 +691,12 @@ def _deal_shared(order: list[int], t_sh: np.ndarray, s: np.ndarray, rep_load: np
     sh_tokens = np.zeros(n_rep)
     comm = np.zeros(n_rep)
     for i in order:
-        # np.argmin keeps the first of equal values: ties go to the lowest replica
-        g = int(np.argmin(rep_load + t_sh[i] + cost.cp_comm_s(sh_tokens + s[i], k) - comm))
+        if n_rep >= 12:  # one array call pays off from about a dozen replicas (equal values: the same choice)
+            # np.argmin keeps the first of equal values: ties go to the lowest replica
+            g = int(np.argmin(rep_load + t_sh[i] + cost.cp_comm_s(sh_tokens + s[i], k) - comm))
+        else:
+            g = min(range(n_rep), key=lambda r: (rep_load[r] + t_sh[i] + cost.cp_comm_s(sh_tokens[r] + s[i], k)
+                                                 - comm[r], r))
         shared[g].append(i)
         sh_tokens[g] += s[i]
         rep_load[g] += float(t_sh[i]) + cost.cp_comm_s(sh_tokens[g], k) - comm[g]
