@@ -164,8 +164,8 @@ def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
     return lines
 
 
-def _hull_edges(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(intercept, slope) of each edge of the lower convex hull of ``pts`` (given by increasing x)."""
+def _lower_hull(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The vertices of the lower convex hull of ``pts`` (given by increasing x), monotone chain. O(points)."""
     hull: list[tuple[float, float]] = []
     for p in pts:
         while len(hull) >= 2:
@@ -175,6 +175,12 @@ def _hull_edges(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
             else:
                 break
         hull.append(p)
+    return hull
+
+
+def _hull_edges(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(intercept, slope) of each edge of the lower convex hull of ``pts`` (given by increasing x)."""
+    hull = _lower_hull(pts)
     edges = []
     for (x1, y1), (x2, y2) in zip(hull, hull[1:], strict=False):
         slope = (y2 - y1) / (x2 - x1)
@@ -315,26 +321,12 @@ def micro_batch_overhead(lengths: np.ndarray, forms: Forms, free_forms: Forms, c
     psi = np.flatnonzero(ok).astype(np.float64) / cost.layers * f
     gap = np.maximum(forms.work - free_forms.work, 0.0) / np.maximum(s, 1.0)  # g/s: recompute W already pays
     # lower envelope of φ over ψ (ψ increases with k), evaluated at g/s; past the last point, its φ
-    hull = _lower_envelope(psi, phi)
-    env = np.interp(np.minimum(gap, psi[-1]), psi[hull], phi[hull])
+    hx, hy = zip(*_lower_hull(list(zip(psi.tolist(), phi.tolist(), strict=True))), strict=True)
+    env = np.interp(np.minimum(gap, psi[-1]), hx, hy)
     past = np.where(psi[None, :] > gap[:, None], phi[None, :] + psi[None, :] - gap[:, None], np.inf)
     per_token = np.minimum(env, past.min(axis=1))
     shrink = 1 - 1e-9  # rounding margin
     return float(np.dot(per_token, s)) * shrink
-
-
-def _lower_envelope(x: np.ndarray, y: np.ndarray) -> list[int]:
-    """Indices of the lower convex hull of the points (x, y), x increasing (monotone chain). O(points)."""
-    out: list[int] = []
-    for i in range(x.size):
-        while len(out) >= 2:
-            a, b = out[-2], out[-1]
-            if (y[b] - y[a]) * (x[i] - x[a]) >= (y[i] - y[a]) * (x[b] - x[a]):
-                out.pop()  # b lies on or above the chord from a to i
-            else:
-                break
-        out.append(i)
-    return out
 
 
 def per_micro_batch_s(cost: CostModel) -> float:
