@@ -126,7 +126,7 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     needs (its micro-batch) recomputes ~40% of that micro-batch's forward; a two-piece chain whose head (what the
     ranks cannot hold, plus room for the head's K/V) is recomputed costs less, and the planner takes it."""
     from longpack.planners.base import Batch
-    from longpack.planners.unified import Candidate, Unified
+    from longpack.planners.unified import Candidate, Unified, _Timer
 
     cost = _cost("qwen2.5-7b", dp=16, cp=2)
     cap = cost.token_cap()
@@ -137,8 +137,9 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     kb = next(k for k in range(cost.layers + 1) if cost.token_cap(k) >= 15_000)
     u = Unified()
     lengths = dict(enumerate(x.tolist()))
-    ckpt = u._score(u._build(batch, ctx, cost, Candidate(2, kb, 1, float("inf")), set()), lengths, ctx)
-    tail = u._score(u._build(batch, ctx, cost, Candidate(2, kb, 1, float("inf"), True), set()), lengths, ctx)
+    ckpt = u._score(u._build(batch, ctx, _Timer(2, cost), Candidate(2, kb, 1, float("inf")), set()), lengths, ctx)
+    tail = u._score(u._build(batch, ctx, _Timer(2, cost), Candidate(2, kb, 1, float("inf"), True), set()), lengths,
+                    ctx)
     assert not tail[0] and tail[1] < ckpt[1]
     plan = u.plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
     plan.validate()
@@ -287,7 +288,7 @@ def test_unified_dense_micro_batches_cover_fit_and_beat_balanced_ones_on_one_sta
     its rank or sharded, within the budget."""
     from collections import Counter
 
-    from longpack.planners.unified import _dense_micro_batches, _micro_batches, _times, _total_s
+    from longpack.planners.unified import _dense_micro_batches, _micro_batches, _Timer, _times, _total_s
     from longpack.sim.simulate import micro_batch_times
 
     cost = _cost("qwen2.5-7b", dp=16, cp=2)
@@ -303,7 +304,7 @@ def test_unified_dense_micro_batches_cover_fit_and_beat_balanced_ones_on_one_sta
         assert all(micro_batch_times(mb, 2, cost)[4].max() <= budget for mb in mbs)
     dense = _dense_micro_batches(*args)
     assert len(dense) == 2 < len(balanced)
-    assert _total_s(dense, 2, cost) < _total_s(balanced, 2, cost)
+    assert _total_s(dense, _Timer(2, cost)) < _total_s(balanced, _Timer(2, cost))
 
 
 def test_unified_refines_a_second_sharding_of_its_best_degree(monkeypatch):
@@ -335,7 +336,7 @@ def test_unified_dense_packing_with_reserve_leaves_room_for_own_work_to_hide_the
     splits the shares; the own samples then run under the first one's exchange, and the replica is faster."""
     from collections import Counter
 
-    from longpack.planners.unified import _dense_micro_batches, _hiding_tokens, _times, _total_s
+    from longpack.planners.unified import _dense_micro_batches, _hiding_tokens, _Timer, _times, _total_s
     from longpack.sim.simulate import micro_batch_times
 
     cost = _cost("qwen2.5-7b", dp=16, cp=2)
@@ -351,4 +352,31 @@ def test_unified_dense_packing_with_reserve_leaves_room_for_own_work_to_hide_the
     assert all(micro_batch_times(mb, 2, cost)[4].max() <= budget for mb in kept)
     assert [sorted(p.sample for p in mb.pieces) for mb in plain] == [[0, 1], [2, 3]]
     assert all(any(p.cp_rank is None for p in mb.pieces) for mb in kept)  # no micro-batch of own work alone
-    assert _total_s(kept, 2, cost) < _total_s(plain, 2, cost)
+    assert _total_s(kept, _Timer(2, cost)) < _total_s(plain, _Timer(2, cost))
+
+
+def test_unified_memoised_times_are_the_simulators_and_read_only():
+    """The planner's memo of micro-batch times (one per degree and planning call) gives what the simulator gives,
+    the same arrays on a second call, read-only; a step simulated with it reports what it reports without."""
+    from longpack.plan import MicroBatch, Piece, Replica, Step
+    from longpack.planners.unified import _Timer
+    from longpack.sim.simulate import micro_batch_times, simulate_step
+
+    cost = _cost("qwen2.5-7b", dp=2, cp=2)
+    timer = _Timer(2, cost)
+    mbs = [MicroBatch((Piece(0, 0, 9000, None), Piece(1, 0, 700, 0), Piece(2, 0, 400, 1))),
+           MicroBatch((Piece(3, 0, 3000, 0), Piece(4, 0, 2500, 1)), ckpt_layers=4),
+           MicroBatch((Piece(5, 0, 4000, None),), recompute=True)]
+    for mb in mbs:
+        first = timer(mb)
+        again = timer(MicroBatch(mb.pieces, mb.ckpt_layers, mb.recompute))  # equal by value: a hit
+        assert all(a is b for a, b in zip(first, again, strict=True))
+        for got, want in zip(first, micro_batch_times(mb, 2, cost), strict=True):
+            np.testing.assert_array_equal(got, want)
+        with pytest.raises(ValueError):
+            first[0][0] = 0.0
+    step = Step(cp=2, token_cap=cost.token_cap(4), replicas=(Replica(tuple(mbs[:2])), Replica((mbs[2], MicroBatch()))))
+    plan = Plan(planner="t", world=4, lengths={0: 9000, 1: 700, 2: 400, 3: 3000, 4: 2500, 5: 4000}, steps=(step,))
+    plan.validate()
+    assert simulate_step(0, step, plan, cost, bound=False, times=timer) == simulate_step(0, step, plan, cost,
+                                                                                         bound=False)

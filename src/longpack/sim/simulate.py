@@ -27,6 +27,7 @@ Cost: O(pieces + ranks) per micro-batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,8 +136,11 @@ def micro_batch_times(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndar
     return time, local + fixed, dist_s, np.full(cp, comm), tokens, prefix
 
 
-def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound: bool = True) -> StepReport:
-    """One step's report; ``bound=False`` skips the lower bound (planners evaluating candidates)."""
+def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound: bool = True,
+                  times: Callable[[MicroBatch], tuple[np.ndarray, ...]] | None = None) -> StepReport:
+    """One step's report; ``bound=False`` skips the lower bound (planners evaluating candidates). ``times``: what
+    :func:`micro_batch_times` gives for a micro-batch at the step's CP degree on this cost model (a planner's
+    memoised copy; it must not differ from it)."""
     cp, reps = step.cp, step.replicas
     run_cost = cost
     cost = cost if cost.cfg.cp == cp else _with_cp(cost, cp, len(reps))
@@ -153,7 +157,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
         # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
         held: dict[int, dict[int, np.ndarray]] = {}
         for mb in rep.micro_batches:
-            time, local, dist, c, tokens, prefix = micro_batch_times(mb, cp, cost)
+            time, local, dist, c, tokens, prefix = times(mb) if times else micro_batch_times(mb, cp, cost)
             mb_times.append(float(time.max()) if mb.pieces else 0.0)
             busy[sl] += time
             compute[sl] += local + dist
