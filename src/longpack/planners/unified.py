@@ -375,6 +375,7 @@ class _Layout:
         self.fold: set[int] = set()  # replicas whose regular micro-batches fold into their tail (refine)
         self.dense = False  # also try dense packings per replica (refine: the finalists only, for planning time)
         self.sharding = frozenset(i for g in shared for i in g)  # the samples it shards, as built
+        self._where: dict[int, int] | None = None  # sample id -> position in the batch (built on first use)
 
     def replica(self, g: int) -> list[MicroBatch]:
         if g not in self._mbs:
@@ -410,7 +411,9 @@ class _Layout:
         if self.d == 1 or not tail or not regular:
             return regular + tail
         cost = self.cost
-        where = {int(x): i for i, x in enumerate(self.samples.tolist())}
+        if self._where is None:
+            self._where = {int(x): i for i, x in enumerate(self.samples.tolist())}
+        where = self._where
         hosts = [h for h in self._hosts(tail, where) if fold or not h.keeps]
         moved: dict[int, set[int]] = {}  # regular micro-batch -> samples taken out of it
         extra: dict[int, list[Piece]] = {}  # tail micro-batch -> its guests
