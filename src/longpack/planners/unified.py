@@ -749,15 +749,22 @@ def _deal_own(items: list[int], t_loc: np.ndarray, comm: np.ndarray, base: np.nd
     own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
     heaps = [[(0.0, j) for j in range(d)] for _ in range(n_rep)]  # per replica: (own load, rank)
     least = np.zeros(n_rep)
+    scalar = n_rep < 12  # below about a dozen replicas numpy's per-call cost loses to a loop (the same choices)
+    comm_l, base_l, least_l = comm.tolist(), base.tolist(), [0.0] * n_rep
     for i in items:
         t = float(t_loc[i])
-        after = np.maximum(comm, least + t) + base
-        tied = np.flatnonzero(after <= after.min() * (1 + 1e-12))
-        g = int(tied[np.argmin(least[tied])]) if tied.size > 1 else int(tied[0])
+        if scalar:
+            after_l = [max(c, x + t) + b for c, x, b in zip(comm_l, least_l, base_l, strict=True)]
+            top = min(after_l) * (1 + 1e-12)
+            g = min((r for r in range(n_rep) if after_l[r] <= top), key=lambda r: (least_l[r], r))
+        else:
+            after = np.maximum(comm, least + t) + base
+            tied = np.flatnonzero(after <= after.min() * (1 + 1e-12))
+            g = int(tied[np.argmin(least[tied])]) if tied.size > 1 else int(tied[0])
         load, j = heapq.heappop(heaps[g])
         own[g][j].append(i)
         heapq.heappush(heaps[g], (load + t, j))
-        least[g] = heaps[g][0][0]
+        least[g] = least_l[g] = heaps[g][0][0]
     return own
 
 
