@@ -325,21 +325,21 @@ class _Timer:
     """The simulator's :func:`micro_batch_times` at CP degree ``d``, memoised for one planning call: the scorer,
     the dense packings and refine time the same micro-batches again and again (on a 2,048-sample 7B ChatQA2
     batch at DP32·CP8, 46 thousand distinct micro-batches among 130 thousand calls). Keys are the micro-batches
-    themselves (frozen, hashed by value); the arrays returned are read-only, since callers share them.
-    Memory: O(distinct micro-batches · d), dropped with the planning call."""
+    themselves (frozen, hashed by value); the six per-rank arrays are kept as one read-only block, whose rows are
+    returned (callers share them). Memory: O(distinct micro-batches · d), dropped with the planning call (on that
+    batch, tracemalloc's peak while planning goes from 13 to 42 MiB; a tuple of six arrays per entry took 70)."""
 
     def __init__(self, d: int, cost: CostModel) -> None:
         self.d, self.cost = d, cost
-        self._memo: dict[MicroBatch, tuple[np.ndarray, ...]] = {}
+        self._memo: dict[MicroBatch, np.ndarray] = {}
 
     def __call__(self, mb: MicroBatch) -> tuple[np.ndarray, ...]:
         hit = self._memo.get(mb)
         if hit is None:
-            hit = micro_batch_times(mb, self.d, self.cost)
-            for a in hit:
-                a.flags.writeable = False
+            hit = np.stack(micro_batch_times(mb, self.d, self.cost))
+            hit.flags.writeable = False
             self._memo[mb] = hit
-        return hit
+        return tuple(hit)
 
 
 @dataclass
