@@ -379,6 +379,7 @@ class _Layout:
         self.dense = False  # also try dense packings per replica (refine: the finalists only, for planning time)
         self.sharding = frozenset(i for g in shared for i in g)  # the samples it shards, as built
         self._where: dict[int, int] | None = None  # sample id -> position in the batch (built on first use)
+        self.hiding = _hiding_tokens(self.cost, budget, self.d, ckpt)  # the dense packing's reserve (one per layout)
 
     def replica(self, g: int) -> list[MicroBatch]:
         if g not in self._mbs:
@@ -389,8 +390,7 @@ class _Layout:
                 # one pipeline stage: micro-batch times add up, so dense packing may beat balanced micro-batches
                 # (refine turns this on for the finalists: four packings per replica cost planning time)
                 best = _total_s(regular, self.timer)
-                for spread, reserve in ((False, 0), (True, 0), (False, _hiding_tokens(self.cost, self.budget, self.d,
-                                                                                     self.ckpt))):
+                for spread, reserve in ((False, 0), (True, 0), (False, self.hiding)):
                     other = _dense_micro_batches(*args, spread=spread, reserve=reserve)
                     t = _total_s(other, self.timer)
                     if t < best * (1 - 1e-9):
