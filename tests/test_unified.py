@@ -380,3 +380,56 @@ def test_unified_memoised_times_are_the_simulators_and_read_only():
     plan.validate()
     assert simulate_step(0, step, plan, cost, bound=False, times=timer) == simulate_step(0, step, plan, cost,
                                                                                          bound=False)
+
+
+def test_unified_swaps_whole_micro_batches_between_replicas_exactly_and_leaves_chains_in_place():
+    """7B at DP3·CP2: one replica holds a two-piece chain and two regular micro-batches, another three regular
+    ones, the third a small one (1.95, 1.47 and 0.06 s). Balancing moves whole regular micro-batches only: the
+    chain's pieces stay in their replica and order, a moved micro-batch runs first in its new replica (no chain
+    holds memory there yet), every micro-batch is kept, the simulator's replica times are the sums the swaps worked
+    with, the slowest replica is faster, and no further swap or move from the slowest replica would lower it."""
+    from collections import Counter
+
+    from longpack.plan import MicroBatch, Piece
+    from longpack.planners.base import assemble_step
+    from longpack.planners.unified import _swap_micro_batches, _Timer
+    from longpack.sim.simulate import simulate_step
+
+    cost = _cost("qwen2.5-7b", dp=3, cp=2)
+    timer = _Timer(2, cost)
+    lengths = {0: 12_000, 1: 9_000, 2: 8_500, 3: 12_000, 4: 6_000, 5: 5_000, 6: 16_000, 7: 3_000, 8: 2_500, 9: 1_000}
+    chain = [MicroBatch((Piece(0, a, a + 6_000, None),), recompute=a == 0) for a in (0, 6_000)]
+    reps = [[MicroBatch((Piece(1, 0, 9_000, 0), Piece(2, 0, 8_500, 1))), *chain,
+             MicroBatch((Piece(3, 0, 12_000, None),))],
+            [MicroBatch((Piece(4, 0, 6_000, 0), Piece(5, 0, 5_000, 1))), MicroBatch((Piece(6, 0, 16_000, None),)),
+             MicroBatch((Piece(7, 0, 3_000, 0), Piece(8, 0, 2_500, 1)))],
+            [MicroBatch((Piece(9, 0, 1_000, None),))]]
+
+    def totals(rs):
+        return [sum(float(timer(mb)[0].max()) for mb in r) for r in rs]
+
+    got = _swap_micro_batches(reps, timer, lengths)
+    assert Counter(mb for r in got for mb in r) == Counter(mb for r in reps for mb in r)
+    assert [mb for mb in got[0] if mb in chain] == chain  # the chain stays, in order
+    for old, new in zip(reps, got, strict=True):
+        moved_in = [mb for mb in new if mb not in old]
+        assert new[:len(moved_in)] == moved_in  # newcomers run first
+    before, after = totals(reps), totals(got)
+    assert max(after) < max(before) - 0.1
+    step = assemble_step(got, cp=2, token_cap=cost.token_cap(0))
+    plan = Plan(planner="t", world=6, lengths=lengths, steps=(step,))
+    plan.validate()
+    rep = simulate_step(0, step, plan, cost, bound=False)
+    assert not rep.oom
+    np.testing.assert_allclose(rep.replica_s, after, rtol=1e-12)
+    slow = int(np.argmax(after))
+    free = [x for x, mb in enumerate(got[slow]) if mb not in chain]
+    for g in set(range(3)) - {slow}:
+        for x in free:
+            for y in [*range(len(got[g])), None]:
+                rs = [list(r) for r in got]
+                mb = rs[slow].pop(x)
+                if y is not None:
+                    rs[slow].append(rs[g].pop(y))
+                rs[g].append(mb)
+                assert max(totals(rs)) >= max(after) * (1 - 1e-9)
