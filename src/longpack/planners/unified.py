@@ -63,16 +63,15 @@ micro-batch counts, determinism (every tie broken by position). The candidate (d
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
 Cost: C candidates × (O(n log n + n·m + n·replicas) placement + O(pieces) simulation) + up to 5 × ``refine`` moves ×
-O(pieces of two replicas) + balancing, O(m·M) per move for M micro-batches (a few ms a step); C ≤ |degrees| · 3 · 4
-· 6, fewer after removing candidates that give the same placement;
-124 ms median per 256-sample lmsys batch (bench/planning.py, docs/BENCHMARKS.md; 139 ms before memoised micro-batch
-times and a loop for few replicas, 153-160 -> 120 ms side by side; 128 ms before the third finalist and the dense
-packing with room, 94 ms before refine's fold, trades and dense packing; ChatQA2, whose long samples add degrees,
-takes longer: about 10 s per 2,048-sample batch of 7B at DP32·CP8, 15 s without the memo). Options: ``degrees``
-(comma-separated CP degrees to consider, default as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf``
-for none, ``unit``, ``light``), ``refine`` (local-search moves, default 32 or one per replica, whichever is more; 0
-turns it off), ``shard_chains`` (0: chains only at CP degree 1 — what ``longpack train`` sets, since the runtime runs
-chains at cp = 1 only).
+O(pieces of two replicas) + balancing, O(m·M) per move for M micro-batches (a few ms a step); C ≤ |degrees| · 3 · 4 · 6,
+fewer after removing candidates that give the same placement; 86 ms median per 256-sample lmsys batch
+(bench/planning.py, docs/BENCHMARKS.md, in a quiet hour; 124 ms in a busier one, when every planner took 14-28% longer;
+side by side, the memo of micro-batch times took it from 139 to 124 ms and balancing adds nothing measurable); ChatQA2,
+whose long samples add degrees, takes about 6.4 s per 2,048-sample batch of 7B at DP32·CP8 (balancing 0.1 s of it; in
+the busier hour 10 s, and 15 s without the memo). Options: ``degrees`` (comma-separated CP degrees to consider, default
+as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none, ``unit``, ``light``), ``refine``
+(local-search moves, default 32 or one per replica, whichever is more; 0 turns it off), ``shard_chains`` (0: chains only
+at CP degree 1 — what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
 """
 
 from __future__ import annotations
