@@ -382,7 +382,6 @@ class _Layout:
         self._mbs: dict[int, list[MicroBatch]] = {}
         self.fold: set[int] = set()  # replicas whose regular micro-batches fold into their tail (refine)
         self.balance = False  # swap whole micro-batches between replicas in step() (refine: the finalists)
-        self._balanced: list[list[MicroBatch]] | None = None  # step()'s replicas once balanced
         self.dense = False  # also try dense packings per replica (refine: the finalists only, for planning time)
         self.sharding = frozenset(i for g in shared for i in g)  # the samples it shards, as built
         self._where: dict[int, int] | None = None  # sample id -> position in the batch (built on first use)
@@ -535,11 +534,9 @@ class _Layout:
 
     def step(self) -> Step:
         reps = [self.replica(g) for g in range(len(self.own))]
-        if self.balance:
-            if self._balanced is None:
-                full = dict(zip(self.samples.tolist(), self.lengths.tolist(), strict=True))
-                self._balanced = _swap_micro_batches(reps, self.timer, full)
-            reps = self._balanced
+        if self.balance:  # a few ms (the scorer and the final step ask for it: both get the same)
+            reps = _swap_micro_batches(reps, self.timer, dict(zip(self.samples.tolist(), self.lengths.tolist(),
+                                                                  strict=True)))
         return assemble_step(reps, cp=self.d, token_cap=self.cap)
 
     def refine(self, moves: int) -> None:
@@ -556,7 +553,7 @@ class _Layout:
         micro-batches between them (:func:`_swap_micro_batches`)."""
         n_rep = len(self.own)
         self.dense = True  # each replica keeps the fastest of its packings (never slower than before)
-        self.balance, self._balanced = self.cost.cfg.pp == 1, None  # then step() swaps micro-batches
+        self.balance = self.cost.cfg.pp == 1  # then step() swaps micro-batches between replicas
         self._mbs.clear()
         times = [self.replica_s(g) for g in range(n_rep)]
         if self.d > 1:
