@@ -348,6 +348,10 @@ class _Timer:
             self._memo[mb] = hit
         return tuple(hit)
 
+    def seconds(self, mb: MicroBatch) -> float:
+        """The micro-batch's simulated time: its slowest rank's (0 when empty)."""
+        return float(self(mb)[0].max()) if mb.pieces else 0.0
+
 
 @dataclass
 class _Host:
@@ -671,7 +675,7 @@ def _swap_micro_batches(reps: list[list[MicroBatch]], timer: _Timer, full: dict[
     memory changes. Each move lowers the slowest replica and the sum of squared replica times, so it ends; at
     most ``SWAPS`` per micro-batch. Cost: O(m · M) per move (m: the slowest replica's micro-batches, M: all)."""
     reps = [list(r) for r in reps]
-    times = [[float(timer(mb)[0].max()) if mb.pieces else 0.0 for mb in r] for r in reps]
+    times = [[timer.seconds(mb) for mb in r] for r in reps]
     movable = [[bool(mb.pieces) and all(p.start == 0 and p.stop == full[p.sample] for p in mb.pieces) for mb in r]
                for r in reps]
     total = np.array([sum(t) for t in times])
@@ -915,7 +919,7 @@ def _whole_pieces(sharded: list[list[int]], placed: list[list[tuple[int, int]]],
 
 def _total_s(mbs: list[MicroBatch], timer: _Timer) -> float:
     """Simulated time of micro-batches run one after another (one pipeline stage)."""
-    return sum(float(timer(mb)[0].max()) for mb in mbs if mb.pieces)
+    return sum(timer.seconds(mb) for mb in mbs)
 
 
 def _dense_micro_batches(shared: list[int], own: list[list[int]], lengths: np.ndarray, samples: np.ndarray,
