@@ -433,3 +433,58 @@ def test_unified_swaps_whole_micro_batches_between_replicas_exactly_and_leaves_c
                     rs[slow].append(rs[g].pop(y))
                 rs[g].append(mb)
                 assert max(totals(rs)) >= max(after) * (1 - 1e-9)
+
+
+def test_unified_repack_moves_a_share_beside_own_work_and_empties_a_micro_batch():
+    """7B at CP2: a share-only micro-batch near the cap (its exchange exposed), one with two own samples and room,
+    and a small one holding a 6K share and a 300-token own sample. Repacking puts the 6K share beside the own work
+    (its exchange hidden) and the small own sample under the big share's exchange: one micro-batch fewer, every
+    piece kept, within the cap and memory, the simulator's time the sum it worked with, and no single move of a
+    piece to another micro-batch or rank lowers it further. A replica holding a chain is left as it is."""
+    from collections import Counter
+
+    from longpack.plan import MicroBatch, Piece
+    from longpack.planners.base import assemble_step
+    from longpack.planners.unified import _repack, _Timer
+    from longpack.sim.simulate import simulate_step
+
+    cost = _cost("qwen2.5-7b", dp=64, cp=2)
+    cap = cost.token_cap(0)
+    timer = _Timer(2, cost)
+    lengths = {0: 2 * (cap - 400), 1: 8_000, 2: 7_600, 3: 6_000, 4: 300}
+    mbs = [MicroBatch((Piece(0, 0, lengths[0], None),)),
+           MicroBatch((Piece(1, 0, 8_000, 0), Piece(2, 0, 7_600, 1))),
+           MicroBatch((Piece(3, 0, 6_000, None), Piece(4, 0, 300, 0)))]
+
+    def total(ms):
+        return sum(timer.seconds(mb) for mb in ms)
+
+    def kinds(ms):
+        return Counter((p.sample, p.start, p.stop, p.cp_rank is None) for mb in ms for p in mb.pieces)
+
+    got = _repack(mbs, timer, cap, lengths)
+    assert len(got) == 2 and kinds(got) == kinds(mbs)
+    assert {p.sample for p in got[0].pieces} == {1, 2, 3} and {p.sample for p in got[1].pieces} == {0, 4}
+    assert total(got) < total(mbs) - 0.03
+    step = assemble_step([got], cp=2, token_cap=cap)
+    plan = Plan(planner="t", world=2, lengths=lengths, steps=(step,))
+    plan.validate()
+    rep = simulate_step(0, step, plan, _cost("qwen2.5-7b", dp=64, cp=2), bound=False)
+    assert not rep.oom
+    np.testing.assert_allclose(rep.replica_s, [total(got)], rtol=1e-12)
+    for a, src in enumerate(got):
+        for x, p in enumerate(src.pieces):
+            rest = MicroBatch(src.pieces[:x] + src.pieces[x + 1:])
+            for b in range(len(got)):
+                for rank in ([None] if p.cp_rank is None else [0, 1]):
+                    if b == a and rank in (None, p.cp_rank):
+                        continue
+                    moved = Piece(p.sample, p.start, p.stop, rank)
+                    ms = list(got)
+                    ms[a] = rest
+                    ms[b] = MicroBatch(ms[b].pieces + (moved,))
+                    if all(max(mb.rank_tokens(2)) <= cap for mb in ms):
+                        assert total(ms) >= total(got) - 1e-12
+    chain = [MicroBatch((Piece(0, 0, lengths[0] // 2, None),), recompute=True),
+             MicroBatch((Piece(0, lengths[0] // 2, lengths[0], None),)), *mbs[1:]]
+    assert _repack(chain, timer, cap, lengths) == chain
