@@ -102,7 +102,7 @@ LIGHT = -2.0  # the same, less the lightest replica's shared work (``alphas=ligh
 ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT, LIGHT)
 SWAPS = 4  # most micro-batch moves between replicas per micro-batch of the step (_swap_micro_batches)
 PASSES = 8  # most passes of _repack over a replica's micro-batches
-TRADES = 3  # smaller pieces _repack tries to trade a piece for, per micro-batch
+TRADES = 1  # smaller pieces _repack tries to trade a piece for, per micro-batch (more found nothing more on ChatQA2)
 ARRAY_REPLICAS = 12  # the deals price all replicas in one numpy call from this many on; below, numpy's per-call cost
 # loses to a plain loop (measured: 43 against 21 µs a sample at 4 replicas, 47 against 422 µs at 128)
 
@@ -729,13 +729,13 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
     First improvement, in passes over the micro-batches and their pieces, while one helps (at most ``PASSES``): a
     piece that can shorten its micro-batch (a sharded one, or an own one on a rank whose time is the micro-batch's)
     moves to another micro-batch with the same checkpointing where it fits the cap and memory (an own piece to the
-    rank of least own work among those with room), or trades places with one of that micro-batch's smaller pieces
-    of its kind (sharded or own, on each other's rank; the ``TRADES`` smallest that make it fit). A change is kept
-    only if the two micro-batches' simulated times fall in sum, so the replica gets faster and the loop ends; a
-    micro-batch emptied is dropped. Replicas with a chain's chunk are left alone (the memory a chain holds in later
+    rank of least own work among those with room), or trades places with a smaller piece of its kind there
+    (sharded or own, on each other's rank; the ``TRADES`` smallest that make it fit). A change is kept only if the
+    two micro-batches' simulated times fall in sum, so the replica gets faster and the loop ends; a micro-batch
+    emptied is dropped. Replicas with a chain's chunk are left alone (the memory a chain holds in later
     micro-batches), as are recomputed and padded micro-batches. Cost: O(P · M) micro-batch timings per pass for P
-    pieces that can shorten theirs and M micro-batches, plus ``TRADES`` per pair (on 7B ChatQA2 at DP32·CP8, about
-    0.8 s of a 2,048-sample batch)."""
+    pieces that can shorten theirs and M micro-batches, fewer where Eq. 2 with what the piece adds (read off its
+    own micro-batch) already says the change cannot pay."""
     mbs = [mb for mb in mbs if mb.pieces]
     if len(mbs) < 2 or any(mb.recompute or mb.pad_to or any(p.start > 0 or p.stop < full[p.sample] for p in mb.pieces)
                            for mb in mbs):
@@ -796,31 +796,59 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
     """The first micro-batch b that takes piece p of micro-batch a (moved, or traded for a smaller piece) with
     less time in sum: (b, new a, new b), or None (:func:`_repack`)."""
     w = width(p)
+    fixed = timer.cost.fixed_s
+    # what p adds where it goes, read off its own micro-batch: own work on its rank, or every rank's share of it
+    before, after = timer(mbs[a]), timer(rest)
+    added = float(before[1][p.cp_rank] - after[1][p.cp_rank]) if p.cp_rank is not None else \
+        float(before[2][0] - after[2][0])
+    n = p.stop - p.start
     for b, dst in enumerate(mbs):
         if b == a or dst.ckpt_layers != mbs[a].ckpt_layers:
             continue
-        _, local, _, _, tokens, _ = timer(dst)
+        rank_s, local, dist, comm, tokens, _ = timer(dst)
         room = cap - tokens
         if p.cp_rank is None:
             moved = p if np.all(room >= w) else None
+            # Eq. 2 with the grown exchange and every rank's share: a move that cannot pay is not simulated
+            sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n, dst.ckpt_layers)
+            guess = float(np.max(np.maximum(sharded, local - fixed) + dist + added)) + fixed
         else:
             ok = np.flatnonzero(room >= w)
-            moved = Piece(p.sample, p.start, p.stop, int(ok[np.argmin(local[ok])])) if ok.size else None
-        if moved is not None:
+            j = int(ok[np.argmin(local[ok])]) if ok.size else -1
+            moved = Piece(p.sample, p.start, p.stop, j) if ok.size else None
+            guess = max(float(rank_s.max()), float(max(comm[0], local[j] - fixed + added) + dist[j]) + fixed)
+        if moved is not None and t_rest + guess < sec[a] + sec[b] - 1e-12:
             new_b = like(dst.pieces + (moved,), dst)
             if t_rest + timer.seconds(new_b) < sec[a] + sec[b] - 1e-12 and fits(new_b):
                 return b, rest, new_b
         trades = sorted((width(q), y) for y, q in enumerate(dst.pieces)
                         if (q.cp_rank is None) == (p.cp_rank is None) and width(q) < w
                         and width(q) >= w - (room.min() if p.cp_rank is None else room[q.cp_rank]))
-        for _, y in trades[:TRADES]:
+        for wq, y in trades[:TRADES]:
             q = dst.pieces[y]
-            new_a = like(rest.pieces + (Piece(q.sample, q.start, q.stop, p.cp_rank),), rest)
+            # q gives back at most its share of p's work (work per token grows with length): a lower guess
+            more = added * (1 - wq / w)
+            if p.cp_rank is None:
+                sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n - (q.stop - q.start), dst.ckpt_layers)
+                guess = float(np.max(np.maximum(sharded, local - fixed) + dist + more)) + fixed
+            else:
+                r = int(q.cp_rank or 0)
+                guess = max(float(rank_s.max()), float(max(comm[0], local[r] - fixed + more) + dist[r]) + fixed)
+            if t_rest + guess >= sec[a] + sec[b] - 1e-12:
+                continue
             new_b = like(dst.pieces[:y] + dst.pieces[y + 1:] + (Piece(p.sample, p.start, p.stop, q.cp_rank),), dst)
-            if (timer.seconds(new_a) + timer.seconds(new_b) < sec[a] + sec[b] - 1e-12
-                    and fits(new_a) and fits(new_b)):
+            t_b = timer.seconds(new_b)
+            if t_rest + t_b >= sec[a] + sec[b] - 1e-12:  # a gets q back: no faster than without it
+                continue
+            new_a = like(rest.pieces + (Piece(q.sample, q.start, q.stop, p.cp_rank),), rest)
+            if timer.seconds(new_a) + t_b < sec[a] + sec[b] - 1e-12 and fits(new_a) and fits(new_b):
                 return b, new_a, new_b
     return None
+
+
+def _sharded_tokens(mb: MicroBatch) -> int:
+    """Tokens of a micro-batch's sharded pieces (what its K/V exchange moves)."""
+    return sum(p.stop - p.start for p in mb.pieces if p.cp_rank is None)
 
 
 def _times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
