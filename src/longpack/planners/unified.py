@@ -72,10 +72,12 @@ fewer after removing candidates that give the same placement; 86 ms median per 2
 (bench/planning.py, docs/BENCHMARKS.md, in a quiet hour; 124 ms in a busier one, when every planner took 14-28% longer;
 side by side, the memo of micro-batch times took it from 139 to 124 ms and balancing adds nothing measurable); ChatQA2,
 whose long samples add degrees, takes about 6.4 s per 2,048-sample batch of 7B at DP32·CP8 (balancing 0.1 s of it; in
-the busier hour 10 s, and 15 s without the memo). Options: ``degrees`` (comma-separated CP degrees to consider, default
-as above), ``splits`` (values of K), ``alphas`` (thresholds; ``inf`` for none, ``unit``, ``light``), ``refine``
-(local-search moves, default 32 or one per replica, whichever is more; 0 turns it off), ``shard_chains`` (0: chains only
-at CP degree 1 — what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
+the busier hour 10 s, and 15 s without the memo); repacking adds about 0.5 s there (four batches side by side: 31.0 and
+29.9 s without, 32.0 and 33.1 s with, in a busy hour) and changes no lmsys plan (91.6 against 92-94 ms a batch).
+Options: ``degrees`` (comma-separated CP degrees to consider, default as above), ``splits`` (values of K), ``alphas``
+(thresholds; ``inf`` for none, ``unit``, ``light``), ``refine`` (local-search moves, default 32 or one per replica,
+whichever is more; 0 turns it off, with balancing and repacking), ``shard_chains`` (0: chains only at CP degree 1 —
+what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
 """
 
 from __future__ import annotations
