@@ -736,8 +736,9 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
     two micro-batches' simulated times fall in sum, so the replica gets faster and the loop ends; a micro-batch
     emptied is dropped. Replicas with a chain's chunk are left alone (the memory a chain holds in later
     micro-batches), as are recomputed and padded micro-batches. Cost: O(P · M) micro-batch timings per pass for P
-    pieces that can shorten theirs and M micro-batches, fewer where Eq. 2 with what the piece adds (read off its
-    own micro-batch) already says the change cannot pay."""
+    pieces that can shorten theirs and M micro-batches, fewer where an estimate says the change cannot pay (Eq. 2
+    with what the piece adds, read off its own micro-batch; a change it rejects is not simulated, so a rare
+    helpful one may be missed, never a harmful one kept)."""
     mbs = [mb for mb in mbs if mb.pieces]
     if len(mbs) < 2 or any(mb.recompute or mb.pad_to or any(p.start > 0 or p.stop < full[p.sample] for p in mb.pieces)
                            for mb in mbs):
@@ -811,7 +812,7 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
         room = cap - tokens
         if p.cp_rank is None:
             moved = p if np.all(room >= w) else None
-            # Eq. 2 with the grown exchange and every rank's share: a move that cannot pay is not simulated
+            # estimate by Eq. 2 with the grown exchange and every rank's share; a move it says cannot pay is skipped
             sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n, dst.ckpt_layers)
             guess = float(np.max(np.maximum(sharded, local - fixed) + dist + added)) + fixed
         else:
@@ -828,7 +829,7 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
                         and width(q) >= w - (room.min() if p.cp_rank is None else room[q.cp_rank]))
         for wq, y in trades[:TRADES]:
             q = dst.pieces[y]
-            # q gives back at most its share of p's work (work per token grows with length): a lower guess
+            # q gives back about its share of p's work or less (work per token grows with length): an estimate
             more = added * (1 - wq / w)
             if p.cp_rank is None:
                 sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n - (q.stop - q.start), dst.ckpt_layers)
