@@ -490,7 +490,7 @@ class _Layout:
                 held[chain.sample] = held.get(chain.sample, np.zeros(d)) + tokens
             # a guest pays what its host pays: the second forward of a recomputed chunk, checkpointed layers
             scale = (4 / 3 if mb.recompute else 1.0) * (1 + mb.ckpt_layers / (3 * cost.layers))
-            sharded = float(sum(p.stop - p.start for p in mb.pieces if p.cp_rank is None))
+            sharded = float(_sharded_tokens(mb))
             hosts.append(_Host(x, mb, scale, local - cost.fixed_s, float(dist[0]), float(comm[0]), sharded,
                                self.cap - tokens, base, prefix, chain.sample if chain else None, keeps))
         return hosts
@@ -746,7 +746,7 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
     d, cost = timer.d, timer.cost
 
     def width(p: Piece) -> int:
-        return -(-(p.stop - p.start) // d) if p.cp_rank is None else p.stop - p.start
+        return -(-p.tokens // d) if p.cp_rank is None else p.tokens
 
     def fits(mb: MicroBatch) -> bool:
         t = timer(mb)
@@ -804,7 +804,7 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
     before, after = timer(mbs[a]), timer(rest)
     added = float(before[1][p.cp_rank] - after[1][p.cp_rank]) if p.cp_rank is not None else \
         float(before[2][0] - after[2][0])
-    n = p.stop - p.start
+    n = p.tokens
     for b, dst in enumerate(mbs):
         if b == a or dst.ckpt_layers != mbs[a].ckpt_layers:
             continue
@@ -832,7 +832,7 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
             # q gives back about its share of p's work or less (work per token grows with length): an estimate
             more = added * (1 - wq / w)
             if p.cp_rank is None:
-                sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n - (q.stop - q.start), dst.ckpt_layers)
+                sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n - q.tokens, dst.ckpt_layers)
                 guess = float(np.max(np.maximum(sharded, local - fixed) + dist + more)) + fixed
             else:
                 r = int(q.cp_rank or 0)
@@ -851,7 +851,7 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
 
 def _sharded_tokens(mb: MicroBatch) -> int:
     """Tokens of a micro-batch's sharded pieces (what its K/V exchange moves)."""
-    return sum(p.stop - p.start for p in mb.pieces if p.cp_rank is None)
+    return sum(p.tokens for p in mb.pieces if p.cp_rank is None)
 
 
 def _times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
