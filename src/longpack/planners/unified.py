@@ -688,8 +688,7 @@ def _swap_micro_batches(reps: list[list[MicroBatch]], timer: _Timer, full: dict[
     most ``SWAPS`` per micro-batch. Cost: O(m · M) per move (m: the slowest replica's micro-batches, M: all)."""
     reps = [list(r) for r in reps]
     times = [[timer.seconds(mb) for mb in r] for r in reps]
-    movable = [[bool(mb.pieces) and all(p.start == 0 and p.stop == full[p.sample] for p in mb.pieces) for mb in r]
-               for r in reps]
+    movable = [[bool(mb.pieces) and not _holds_chunk(mb, full) for mb in r] for r in reps]
     total = np.array([sum(t) for t in times])
     for _ in range(SWAPS * sum(len(r) for r in reps)):
         slow = int(np.argmax(total))
@@ -740,8 +739,7 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
     with what the piece adds, read off its own micro-batch; a change it rejects is not simulated, so a rare
     helpful one may be missed, never a harmful one kept)."""
     mbs = [mb for mb in mbs if mb.pieces]
-    if len(mbs) < 2 or any(mb.recompute or mb.pad_to or any(p.start > 0 or p.stop < full[p.sample] for p in mb.pieces)
-                           for mb in mbs):
+    if len(mbs) < 2 or any(mb.recompute or mb.pad_to or _holds_chunk(mb, full) for mb in mbs):
         return mbs
     d, cost = timer.d, timer.cost
 
@@ -847,6 +845,11 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
             if timer.seconds(new_a) + t_b < sec[a] + sec[b] - 1e-12 and fits(new_a) and fits(new_b):
                 return b, new_a, new_b
     return None
+
+
+def _holds_chunk(mb: MicroBatch, full: dict[int, int]) -> bool:
+    """Whether a micro-batch holds a piece of a chain (part of a sample, not all of it; ``full``: sample lengths)."""
+    return any(p.start > 0 or p.stop < full[p.sample] for p in mb.pieces)
 
 
 def _sharded_tokens(mb: MicroBatch) -> int:
