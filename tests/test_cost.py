@@ -46,6 +46,9 @@ def test_cp_comm_latency_floor_and_layers(toy_model, toy_hw):
     # Per layer: all-gather forward + all-gather and reduce-scatter backward = 3 collectives; 2 layers.
     assert cost.cp_comm_s(1000) == pytest.approx(6 * 100e-6)
     assert cost.cp_comm_s(1000, ckpt_layers=2) == pytest.approx(8 * 100e-6)  # re-gather in recompute
+    # a dropped micro-batch (ChunkFlow's recompute) runs its whole forward again: 2 more all-gathers
+    assert cost.cp_comm_s(1000, 0, recompute=True) == pytest.approx(8 * 100e-6)
+    assert cost.cp_comm_s(1000, 1, recompute=True) == pytest.approx(9 * 100e-6)
     assert CostModel(toy_model, toy_hw, TrainConfig(cp=1)).cp_comm_s(1000) == 0.0
 
 

@@ -38,6 +38,22 @@ def test_eq2_overlap_local_and_sharded_by_hand(toy_model, toy_hw):
     assert step.compute_s == pytest.approx((local0 + dist, dist))
 
 
+def test_a_recomputed_micro_batch_gathers_its_sharded_k_v_again(toy_model, toy_hw):
+    cost = CostModel(toy_model, toy_hw, TrainConfig(cp=2, token_cap=10**9))
+    pieces = (Piece(0, 0, 20, None),)
+    times = []
+    for recompute in (False, True):
+        plan = Plan("t", 2, {0: 20}, (Step(cp=2, token_cap=10**9,
+                                           replicas=(Replica((MicroBatch(pieces, recompute=recompute),)),)),))
+        step = simulate(plan, cost).steps[0]
+        times.append(step.replica_s[0])
+        assert step.comm_s == pytest.approx((2 * (3 + recompute) * 100e-6,) * 2)  # floor-priced collectives
+    dist = 10 * LIN + 100 * PAIR
+    forward = 10 * LIN / 3 + 100 * PAIR / 3.5  # the second forward of each rank's half
+    assert times[0] == pytest.approx(6 * 100e-6 + dist)
+    assert times[1] == pytest.approx(8 * 100e-6 + dist + forward)
+
+
 def test_packed_documents_cost_sum_of_squares(toy_model, toy_hw):
     cost = CostModel(toy_model, toy_hw, TrainConfig(token_cap=10**9))
     two = simulate(one_mb_plan([(0, 0, 4), (1, 0, 4)], {0: 4, 1: 4}), cost).steps[0].time_s

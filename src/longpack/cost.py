@@ -162,15 +162,18 @@ class CostModel:
 
     # --- communication --------------------------------------------------------------------------------------
     @overload
-    def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None) -> float: ...
+    def cp_comm_s(self, sharded_tokens: float, ckpt_layers: int | None = None, recompute: bool = False) -> float: ...
 
     @overload
-    def cp_comm_s(self, sharded_tokens: np.ndarray, ckpt_layers: int | None = None) -> np.ndarray: ...
+    def cp_comm_s(self, sharded_tokens: np.ndarray, ckpt_layers: int | None = None,
+                  recompute: bool = False) -> np.ndarray: ...
 
-    def cp_comm_s(self, sharded_tokens: float | np.ndarray, ckpt_layers: int | None = None) -> float | np.ndarray:
+    def cp_comm_s(self, sharded_tokens: float | np.ndarray, ckpt_layers: int | None = None,
+                  recompute: bool = False) -> float | np.ndarray:
         """K/V exchange for ``sharded_tokens`` tokens sharded over the CP group in one micro-batch: per layer an
-        all-gather forward, an all-gather and a reduce-scatter backward, one more all-gather per recomputed layer.
-        ``sharded_tokens`` may be an array."""
+        all-gather forward, an all-gather and a reduce-scatter backward, one more all-gather per recomputed layer;
+        ``recompute`` (a micro-batch whose activations are dropped after its forward, ChunkFlow) runs its whole
+        forward again, one more all-gather per layer. ``sharded_tokens`` may be an array."""
         cp = self.cfg.cp
         if isinstance(sharded_tokens, np.ndarray) and sharded_tokens.ndim:
             if cp <= 1:
@@ -182,7 +185,7 @@ class CostModel:
         group = cp * self.cfg.tp
         ag = self.hw.collective_s("all_gather", nbytes, group=group)
         rs = self.hw.collective_s("reduce_scatter", nbytes, group=group)
-        return self.layers * (2 * ag + rs) + k * ag
+        return self.layers * (2 * ag + rs) + (k + (self.layers if recompute else 0)) * ag
 
     def grad_allreduce_s(self) -> float:
         """Gradient all-reduce over the dp·cp ranks holding the same parameter shard (once per step)."""

@@ -303,7 +303,8 @@ class Unified(Planner):
                 head = max(0, n - d * _tail_tokens(cost, -(-n // d), k0, cap))
                 cuts = [0, head, n] if head else [0, n]
                 units.append(_pieces(sample, cuts, rank, k0))
-                est.append(_pieces_s(cuts, d, 1, cost, k0) + cost.cp_comm_s(float(n), k0))
+                est.append(_pieces_s(cuts, d, 1, cost, k0) + cost.cp_comm_s(float(n), k0)
+                           + cost.cp_comm_s(float(head), k0, True) - cost.cp_comm_s(float(head), k0))
         elif big_pos.size:
             _, t_big = _times(lengths[big_pos].astype(np.float64), cost, d, kb)
             big_est = t_big + np.array([cost.cp_comm_s(float(n), kb) for n in lengths[big_pos].tolist()])
@@ -521,7 +522,7 @@ class _Layout:
                     before = h.dist + max(h.comm, busiest)
                     if q.cp_rank is None:
                         after = h.dist + float(self.t_sh[i]) * h.scale + max(
-                            cost.cp_comm_s(h.sharded + n, h.mb.ckpt_layers), busiest)
+                            cost.cp_comm_s(h.sharded + n, h.mb.ckpt_layers, h.mb.recompute), busiest)
                     else:
                         after = h.dist + max(h.comm, busiest, float(h.load[q.cp_rank]) + float(self.t_loc[i]) * h.scale)
                     if best is None or after - before < best[0]:
@@ -538,7 +539,7 @@ class _Layout:
             if q.cp_rank is None:
                 h.dist += float(self.t_sh[i]) * h.scale
                 h.sharded += n
-                h.comm = cost.cp_comm_s(h.sharded, h.mb.ckpt_layers)
+                h.comm = cost.cp_comm_s(h.sharded, h.mb.ckpt_layers, h.mb.recompute)
             else:
                 h.load[q.cp_rank] += float(self.t_loc[i]) * h.scale
 
@@ -811,7 +812,7 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
         if p.cp_rank is None:
             moved = p if np.all(room >= w) else None
             # estimate by Eq. 2 with the grown exchange and every rank's share; a move it says cannot pay is skipped
-            sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n, dst.ckpt_layers)
+            sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n, dst.ckpt_layers, dst.recompute)
             guess = float(np.max(np.maximum(sharded, local - fixed) + dist + added)) + fixed
         else:
             ok = np.flatnonzero(room >= w)
@@ -830,7 +831,8 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
             # q gives back about its share of p's work or less (work per token grows with length): an estimate
             more = added * (1 - wq / w)
             if p.cp_rank is None:
-                sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n - q.tokens, dst.ckpt_layers)
+                sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n - q.tokens, dst.ckpt_layers,
+                                               dst.recompute)
                 guess = float(np.max(np.maximum(sharded, local - fixed) + dist + more)) + fixed
             else:
                 r = int(q.cp_rank or 0)

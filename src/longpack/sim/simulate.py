@@ -6,8 +6,9 @@ Per micro-batch and CP rank j (Skrull Eq. 2, PAPERS.md §2.4):
 
 * ``T_local_j``: rank j's local pieces (linear share + attention on whole documents, q = piece length);
 * ``T_dist_j``: its 1/cp share of every sharded piece (zigzag: attention blocks of q = s/(2·cp));
-* ``T_comm``: the K/V all-gathers and gradient reduce-scatters of the sharded pieces, overlapped with local
-  compute. The CP ranks meet in those collectives every layer, so a micro-batch takes ``max_j time_j``.
+* ``T_comm``: the K/V all-gathers and gradient reduce-scatters of the sharded pieces (the all-gathers again in a
+  recomputed layer, and in a ``recompute`` micro-batch's second forward), overlapped with local compute. The CP
+  ranks meet in those collectives every layer, so a micro-batch takes ``max_j time_j``.
 
 A replica's time is the sum over its micro-batches; with pp > 1 it is the makespan of its micro-batches through
 the pipeline (sim/pipeline.py: 1F1B, or state-aware 1F1B when chunk chains are present), and the step reports the
@@ -130,7 +131,7 @@ def micro_batch_times(mb: MicroBatch, cp: int, cost: CostModel) -> tuple[np.ndar
     # nothing overlaps, like the launch cost. Every term is linear in the placement (sim/exact.py relies on it).
     local = ideal * share + attn_local + np.asarray(cost.docs_s(docs_local))
     dist_s = ideal * (1 - share) + (lin - ideal) + attn_dist + float(cost.docs_s(docs_dist))
-    comm = cost.cp_comm_s(shard_tokens, ckpt)
+    comm = cost.cp_comm_s(shard_tokens, ckpt, mb.recompute)  # a dropped forward gathers its K/V again
     fixed = cost.fixed_s
     time = np.maximum(comm, local) + dist_s + fixed
     return time, local + fixed, dist_s, np.full(cp, comm), tokens, prefix
