@@ -97,11 +97,34 @@ def test_a_chains_kept_chunks_count_in_every_micro_batch_until_its_last_at_the_l
     peak = simulate(plan, cost).steps[0].peak_mem_bytes[0]
     kv = 6 * 8 * 2 * 2  # the chain's 6 stored tokens x K/V width 8 x 2 bytes x 2 layers
     held = toy_hw.fragmentation * cost.act_bytes_per_token(0) * 6
-    between = cost.memory_bytes(5) + held  # sample 1 runs while the chain's first chunk is held
+    # sample 1 runs while the chain's first chunk is held, and its K/V store
+    between = cost.memory_bytes(5, prefix_tokens=6) + held
     last = cost.memory_bytes(4, 2, prefix_tokens=6) + held
     assert cost.act_bytes_per_token(2) < cost.act_bytes_per_token(0)
-    assert peak == pytest.approx(max(between, last)) and between > cost.memory_bytes(6)
+    assert peak == pytest.approx(max(between, last)) and between > cost.memory_bytes(6) + kv
     assert last > cost.memory_bytes(10, 2) + kv  # not the held tokens at the last chunk's 2 checkpointed layers
+
+
+def test_a_recomputed_chunk_holds_no_activations_but_its_k_v_store_until_the_chain_ends(toy_model, toy_hw):
+    """A dropped chunk (recompute) frees its activations, but the K/V it stored for the chain's later chunks stays
+    in every micro-batch until the last chunk, sharded as the chunk ran (CP 2: half on each rank; on one rank
+    only there), and is freed after it."""
+    cost = CostModel(toy_model, toy_hw, TrainConfig(cp=2, token_cap=10**9))
+    head_rank = 1
+    mbs = (MicroBatch((Piece(0, 0, 600, None), Piece(1, 0, 400, head_rank)), recompute=True),
+           MicroBatch((Piece(2, 0, 900, 0), Piece(4, 0, 800, 1))),
+           MicroBatch((Piece(0, 600, 700, None), Piece(1, 400, 500, head_rank))),
+           MicroBatch((Piece(3, 0, 100, 1),)))
+    plan = Plan("t", 2, {0: 700, 1: 500, 2: 900, 3: 100, 4: 800},
+                (Step(cp=2, token_cap=10**9, replicas=(Replica(mbs),)),))
+    peak = simulate(plan, cost).steps[0].peak_mem_bytes
+    first = [cost.memory_bytes(300), cost.memory_bytes(700)]
+    between = [cost.memory_bytes(900, prefix_tokens=300), cost.memory_bytes(800, prefix_tokens=300 + 400)]
+    last = [cost.memory_bytes(50, prefix_tokens=300), cost.memory_bytes(150, prefix_tokens=700)]
+    after = [cost.memory_bytes(0), cost.memory_bytes(100)]  # the chains ended: nothing stored
+    assert peak == pytest.approx(tuple(max(x) for x in zip(first, between, last, after, strict=True)))
+    assert peak == pytest.approx(tuple(between))
+    assert between[0] > cost.memory_bytes(900) and between[1] > cost.memory_bytes(800)
 
 
 def test_oom_is_flagged(toy_model, toy_hw):

@@ -19,7 +19,8 @@ Memory per rank is the cost model's ``static + α·tokens + reserve``, where tok
 chain still holds: a chain runs forward over all its chunks before its backward (descending), so every earlier
 chunk not marked ``recompute`` keeps its micro-batch's activations until then — in every micro-batch up to the
 chain's last chunk, whether or not it holds a piece of the chain, each priced at the checkpointing it ran with;
-plus the stored K/V of the chain's earlier tokens.
+plus the stored K/V of the chain's earlier tokens, which every chunk (recomputed or not) leaves until the chain's
+last chunk, in every micro-batch between.
 A rank over the hardware's memory is an OOM.
 
 Padded micro-batches (``pad_to > 0``) compute every row at the padded length: padding costs time and memory.
@@ -157,6 +158,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
         mb_times = []
         # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
         held: dict[int, dict[int, np.ndarray]] = {}
+        stored: dict[int, np.ndarray] = {}  # chain sample -> per rank, the K/V store of the tokens it has run
         for mb in rep.micro_batches:
             time, local, dist, c, tokens, prefix = times(mb) if times else micro_batch_times(mb, cp, cost)
             mb_times.append(float(time.max()) if mb.pieces else 0.0)
@@ -165,14 +167,22 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
             comm[sl] += c
             overlap[sl] += np.minimum(c, local)
             chains = [p for p in mb.pieces if plan.is_chunk(p)]
-            mem = _resident_bytes(cost, mb, tokens, prefix, held)
+            here = {p.sample for p in chains}  # their store is this micro-batch's prefix already
+            waiting = sum((kv for x, kv in stored.items() if x not in here), np.zeros(cp))
+            mem = _resident_bytes(cost, mb, tokens, prefix + waiting, held)
             peak[sl] = np.maximum(peak[sl], mem)
             for p in chains:
                 if p.stop == plan.effective_length(p.sample):
                     held.pop(p.sample, None)  # last chunk: the chain's backward runs and frees it all
-                elif not mb.recompute:
+                    stored.pop(p.sample, None)
+                    continue
+                if not mb.recompute:
                     kept = held.setdefault(p.sample, {})
                     kept[mb.ckpt_layers] = kept.get(mb.ckpt_layers, np.zeros(cp)) + tokens
+                kv = np.full(cp, p.stop / cp) if p.cp_rank is None or cp == 1 else np.zeros(cp)
+                if p.cp_rank is not None and cp > 1:
+                    kv[p.cp_rank] = p.stop
+                stored[p.sample] = kv  # every chunk, recomputed or not, leaves its K/V for the chain's later ones
         if cost.cfg.pp > 1:
             res = pipeline_schedule(_pipeline_items(rep.micro_batches, mb_times, plan, cost), cost.cfg.pp,
                                     k=_kept_chunks(rep.micro_batches, plan))
