@@ -55,11 +55,11 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
 6. (pp = 1) balance the refined layouts by moving whole micro-batches between replicas, which the simulator times
    alike in any replica: the slowest gives one to another replica, for one of its or for nothing, while that
    lowers the slowest (:func:`_swap_micro_batches`; chains' micro-batches stay). On 7B ChatQA2 at DP4·CP8 this
-   takes the step with an 81K chain from 0.37 s between its lightest and slowest replica to 0.015 s;
+   takes the step with an 81K chain from 0.35 s between its lightest and slowest replica to 0.013 s;
 7. (pp = 1, the chosen layout) repack each replica by moving single pieces between its micro-batches, or trading
    one for a smaller piece, where the simulator says the two micro-batches take less time in sum (a share beside
    own work that hides its exchange, a half-empty micro-batch emptied into others' room; :func:`_repack`), then
-   balance again. On 7B ChatQA2 at DP32·CP8 this takes 0.011-0.022 s off three of the four steps.
+   balance again. On 7B ChatQA2 at DP32·CP8 this takes 0.010-0.022 s off three of the four steps.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
