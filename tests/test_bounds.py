@@ -1,6 +1,8 @@
 """The lower bound against random valid plans: no plan may beat it (plans over memory: the bound that ignores
 memory)."""
 
+import os
+
 import numpy as np
 import pytest
 from helpers import make_cost
@@ -269,3 +271,35 @@ def test_micro_batch_overhead_charges_checkpointing_that_forced_sharding_does_no
         checked += 1
         assert gpu_s >= (forms.work.sum() + charge) * (1 - 1e-12), (mbs, policy)
     assert checked >= 5
+
+
+def test_the_per_replica_program_keeps_highs_prints_off_stdout(capfd):
+    """HiGHS prints a debug line to descriptor 1 on this program (a batch of Skrull's Fig. 4a sweep), which would
+    break a command's --json output; the bound must come back with stdout untouched."""
+    from longpack.reproduce._common import calibrated_cost
+
+    lengths = np.array([28417, 243, 661, 13909, 6597, 18283, 11257, 20401, 5970, 11722, 14398, 9042, 23307, 5770,
+                        441, 10584], dtype=np.float64)
+    cost = calibrated_cost("qwen2.5-0.5b", "h100", bucket=26 * 1024, dp=1, cp=8)
+    print("before")
+    bound = step_lower_bound(lengths, cost, degrees=[1, 2, 4, 8])
+    print("after")
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\n" and err == ""
+    assert bound == pytest.approx(0.24815, rel=1e-3)
+
+
+def test_native_stdout_silenced_drops_c_prints_and_keeps_python_order(capfd):
+    import ctypes
+
+    from longpack.sim.quiet import native_stdout_silenced
+
+    libc = ctypes.CDLL(None)
+    print("one")
+    with native_stdout_silenced():
+        libc.printf(b"native\n")
+        os.write(1, b"raw\n")
+    print("two")
+    libc.printf(b"three\n")
+    libc.fflush(None)
+    assert capfd.readouterr().out == "one\ntwo\nthree\n"

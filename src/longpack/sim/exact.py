@@ -30,6 +30,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plan import Step
+from .quiet import native_stdout_silenced
 
 __all__ = ["ExactResult", "optimal_step", "placement_step", "EXACT_LIMIT"]
 
@@ -66,8 +67,9 @@ def optimal_step(lengths: np.ndarray, cost: CostModel, *, micro_batches: int | N
         lb[row_i], ub[row_i] = a, b
     obj = np.zeros(idx.size)
     obj[idx.T] = 1.0
-    res = milp(obj, constraints=LinearConstraint(A.tocsr(), lb, ub), integrality=integrality, bounds=Bounds(lo, hi),
-               options={"time_limit": time_limit_s, "disp": False})
+    with native_stdout_silenced():  # HiGHS prints a debug line on some programs, whatever disp says
+        res = milp(obj, constraints=LinearConstraint(A.tocsr(), lb, ub), integrality=integrality,
+                   bounds=Bounds(lo, hi), options={"time_limit": time_limit_s, "disp": False})
     if res.x is None:
         raise ValueError(f"exact optimum: HiGHS found no plan ({res.message})")
     status = "optimal" if res.status == 0 else res.message

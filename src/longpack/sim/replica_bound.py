@@ -41,6 +41,7 @@ import numpy as np
 
 from ..cost import CostModel
 from .bounds import Forms, _chord_slope, comm_minorant, crossing, per_micro_batch_s
+from .quiet import native_stdout_silenced
 
 __all__ = ["replica_bound", "REPLICA_LIMIT"]
 
@@ -147,10 +148,10 @@ class _Program:
         objective = np.zeros(size)
         objective[0] = 1.0
         matrix = coo_matrix((vals, (rows, cols)), shape=(len(lo), size)).tocsr()
-        res = milp(objective, constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)),
-                   integrality=integrality, bounds=Bounds(np.zeros(size), upper),
-                   options={"node_limit": NODES, "disp": False, "time_limit": 60.0,
-                            "presolve": False})  # presolved sub-MIPs print a HiGHS debug line to stdout
+        with native_stdout_silenced():  # HiGHS prints a debug line on some programs, whatever disp says
+            res = milp(objective, constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)),
+                       integrality=integrality, bounds=Bounds(np.zeros(size), upper),
+                       options={"node_limit": NODES, "disp": False, "time_limit": 60.0, "presolve": False})
         bound = getattr(res, "mip_dual_bound", None)
         if bound is None or not np.isfinite(bound):
             return 0.0
