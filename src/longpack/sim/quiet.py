@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -22,12 +23,23 @@ from collections.abc import Iterator
 __all__ = ["native_stdout_silenced"]
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The process's C library (for fflush), or None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
 def _flush() -> None:
     """Flush Python's stdout and every C stdio stream (where libc can be loaded)."""
     with contextlib.suppress(AttributeError, ValueError, OSError):
         sys.stdout.flush()
-    with contextlib.suppress(AttributeError, OSError, TypeError):
-        ctypes.CDLL(None).fflush(None)
+    libc = _libc()
+    if libc is not None:
+        with contextlib.suppress(AttributeError, OSError, TypeError):
+            libc.fflush(None)
 
 
 @contextlib.contextmanager

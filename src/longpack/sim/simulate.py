@@ -211,13 +211,14 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
 
 def _resident_bytes(cost: CostModel, mb: MicroBatch, tokens: np.ndarray, prefix: np.ndarray,
                     held: dict[int, dict[int, np.ndarray]]) -> np.ndarray:
-    """Peak bytes per rank while ``mb`` runs: its own tokens and K/V prefix at its checkpointing, plus what every
-    unfinished chain still holds — in every micro-batch until the chain's last chunk, whether or not this one holds
-    a piece of it — each priced at the checkpointing its chunk ran with."""
+    """Peak bytes per rank while ``mb`` runs: its own tokens and the K/V store ``prefix`` (its pieces' and that of
+    every unfinished chain) at its checkpointing, plus the activations every unfinished chain still holds — in
+    every micro-batch until the chain's last chunk, whether or not this one holds a piece of it — each priced at
+    the checkpointing its chunk ran with."""
     same = sum((t for kept in held.values() for k, t in kept.items() if k == mb.ckpt_layers), np.zeros(tokens.size))
     other = sum((cost.hw.fragmentation * cost.act_bytes_per_token(k) * t
                  for kept in held.values() for k, t in kept.items() if k != mb.ckpt_layers), np.zeros(tokens.size))
-    if not mb.pieces and not held:
+    if not mb.pieces and not held and not np.any(prefix):
         return np.full(tokens.size, float(cost.memory_bytes(0.0)))
     return np.asarray(cost.memory_bytes(tokens + same, mb.ckpt_layers, prefix), dtype=np.float64) + other
 
