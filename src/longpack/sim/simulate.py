@@ -167,9 +167,10 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
             comm[sl] += c
             overlap[sl] += np.minimum(c, local)
             chains = [p for p in mb.pieces if plan.is_chunk(p)]
-            here = {p.sample for p in chains}  # their store is this micro-batch's prefix already
-            waiting = sum((kv for x, kv in stored.items() if x not in here), np.zeros(cp))
-            mem = _resident_bytes(cost, mb, tokens, prefix + waiting, held)
+            if stored:  # chains whose pieces ran earlier; a chain with a piece here has its store in prefix
+                here = {p.sample for p in chains}
+                prefix = prefix + sum((kv for x, kv in stored.items() if x not in here), np.zeros(cp))
+            mem = _resident_bytes(cost, mb, tokens, prefix, held)
             peak[sl] = np.maximum(peak[sl], mem)
             for p in chains:
                 if p.stop == plan.effective_length(p.sample):
@@ -179,10 +180,12 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
                 if not mb.recompute:
                     kept = held.setdefault(p.sample, {})
                     kept[mb.ckpt_layers] = kept.get(mb.ckpt_layers, np.zeros(cp)) + tokens
-                kv = np.full(cp, p.stop / cp) if p.cp_rank is None or cp == 1 else np.zeros(cp)
-                if p.cp_rank is not None and cp > 1:
+                kv = np.zeros(cp)  # every chunk, recomputed or not, leaves its K/V for the chain's later ones
+                if p.cp_rank is None or cp == 1:
+                    kv += p.stop / cp
+                else:
                     kv[p.cp_rank] = p.stop
-                stored[p.sample] = kv  # every chunk, recomputed or not, leaves its K/V for the chain's later ones
+                stored[p.sample] = kv
         if cost.cfg.pp > 1:
             res = pipeline_schedule(_pipeline_items(rep.micro_batches, mb_times, plan, cost), cost.cfg.pp,
                                     k=_kept_chunks(rep.micro_batches, plan))
