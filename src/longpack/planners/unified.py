@@ -85,7 +85,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -752,9 +752,6 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
         return bool(np.all(t[4] <= cap)) and bool(np.all(
             np.asarray(cost.memory_bytes(t[4], mb.ckpt_layers, t[5])) <= cost.hw.memory_bytes))
 
-    def like(pieces: tuple[Piece, ...], mb: MicroBatch) -> MicroBatch:
-        return MicroBatch(pieces=pieces, ckpt_layers=mb.ckpt_layers)
-
     sec = [timer.seconds(mb) for mb in mbs]
     for _ in range(PASSES):
         improved = False
@@ -768,12 +765,12 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
                 if p.cp_rank is not None and rank_s[p.cp_rank] < rank_s.max():
                     x += 1  # its rank waits for another: taking it out cannot shorten the micro-batch
                     continue
-                rest = like(src.pieces[:x] + src.pieces[x + 1:], src)
+                rest = replace(src, pieces=src.pieces[:x] + src.pieces[x + 1:])
                 t_rest = timer.seconds(rest)
                 if t_rest >= sec[a]:
                     x += 1
                     continue
-                found = _repack_into(mbs, sec, a, p, rest, t_rest, timer, cap, width, fits, like)
+                found = _repack_into(mbs, sec, a, p, rest, t_rest, timer, cap, width, fits)
                 if found is None:
                     x += 1
                     continue
@@ -792,8 +789,7 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
 
 
 def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest: MicroBatch, t_rest: float,
-                 timer: _Timer, cap: int, width: Callable[[Piece], int], fits: Callable[[MicroBatch], bool],
-                 like: Callable[[tuple[Piece, ...], MicroBatch], MicroBatch]
+                 timer: _Timer, cap: int, width: Callable[[Piece], int], fits: Callable[[MicroBatch], bool]
                  ) -> tuple[int, MicroBatch, MicroBatch] | None:
     """The first micro-batch b that takes piece p of micro-batch a (moved, or traded for a smaller piece) with
     less time in sum: (b, new a, new b), or None (:func:`_repack`)."""
@@ -820,7 +816,7 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
             moved = Piece(p.sample, p.start, p.stop, j) if ok.size else None
             guess = max(float(rank_s.max()), float(max(comm[0], local[j] - fixed + added) + dist[j]) + fixed)
         if moved is not None and t_rest + guess < sec[a] + sec[b] - 1e-12:
-            new_b = like(dst.pieces + (moved,), dst)
+            new_b = replace(dst, pieces=dst.pieces + (moved,))
             if t_rest + timer.seconds(new_b) < sec[a] + sec[b] - 1e-12 and fits(new_b):
                 return b, rest, new_b
         trades = sorted((width(q), y) for y, q in enumerate(dst.pieces)
@@ -839,11 +835,12 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
                 guess = max(float(rank_s.max()), float(max(comm[0], local[r] - fixed + more) + dist[r]) + fixed)
             if t_rest + guess >= sec[a] + sec[b] - 1e-12:
                 continue
-            new_b = like(dst.pieces[:y] + dst.pieces[y + 1:] + (Piece(p.sample, p.start, p.stop, q.cp_rank),), dst)
+            new_b = replace(dst, pieces=dst.pieces[:y] + dst.pieces[y + 1:]
+                            + (Piece(p.sample, p.start, p.stop, q.cp_rank),))
             t_b = timer.seconds(new_b)
             if t_rest + t_b >= sec[a] + sec[b] - 1e-12:  # a gets q back: no faster than without it
                 continue
-            new_a = like(rest.pieces + (Piece(q.sample, q.start, q.stop, p.cp_rank),), rest)
+            new_a = replace(rest, pieces=rest.pieces + (Piece(q.sample, q.start, q.stop, p.cp_rank),))
             if timer.seconds(new_a) + t_b < sec[a] + sec[b] - 1e-12 and fits(new_a) and fits(new_b):
                 return b, new_a, new_b
     return None
