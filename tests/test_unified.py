@@ -440,7 +440,8 @@ def test_unified_repack_moves_a_share_beside_own_work_and_empties_a_micro_batch(
     and a small one holding a 6K share and a 300-token own sample. Repacking puts the 6K share beside the own work
     (its exchange hidden) and the small own sample under the big share's exchange: one micro-batch fewer, every
     piece kept, within the cap and memory, the simulator's time the sum it worked with, and no single move of a
-    piece to another micro-batch or rank lowers it further. A replica holding a chain is left as it is."""
+    piece to another micro-batch or rank lowers it further. Micro-batches from a replica's first chain piece on
+    are left as they are (the chain holds memory there); those before it are repacked alike."""
     from collections import Counter
 
     from longpack.plan import MicroBatch, Piece
@@ -488,3 +489,50 @@ def test_unified_repack_moves_a_share_beside_own_work_and_empties_a_micro_batch(
     chain = [MicroBatch((Piece(0, 0, lengths[0] // 2, None),), recompute=True),
              MicroBatch((Piece(0, lengths[0] // 2, lengths[0], None),)), *mbs[1:]]
     assert _repack(chain, timer, cap, lengths) == chain
+    lengths[5] = 2 * cap
+    tail = [MicroBatch((Piece(5, 0, cap, None),), recompute=True), MicroBatch((Piece(5, cap, 2 * cap, None),))]
+    assert _repack(mbs + tail, timer, cap, lengths) == got + tail
+
+
+def test_unified_trades_near_equal_own_samples_between_replicas_onto_a_waiting_rank():
+    """7B at CP2, two replicas. Replica 0 pairs a 9,000-token own sample with a 6,000 one (rank 0 sets the micro-batch's
+    time) and has a second micro-batch, so it is the slowest; replica 1 pairs 10,000 on rank 0 with 8,900 on
+    rank 1, whose rank 1 waits for rank 0. Trading the 9,000 for the 8,900 shortens replica 0 and leaves replica
+    1's time as it was: work no whole-micro-batch swap can save. The trade is the one found, every piece is kept,
+    the simulator's replica times are the sums it worked with, and a chain's micro-batches stay as they are."""
+    from collections import Counter
+
+    from longpack.plan import MicroBatch, Piece
+    from longpack.planners.base import assemble_step
+    from longpack.planners.unified import _shift_pieces, _Timer
+    from longpack.sim.simulate import simulate_step
+
+    cost = _cost("qwen2.5-7b", dp=64, cp=2)  # ZeRO over 128 ranks: a rank holds 12K tokens
+    cap = cost.token_cap(0)
+    timer = _Timer(2, cost)
+    lengths = {0: 9_000, 1: 6_000, 2: 10_000, 3: 8_900, 4: 2_000, 5: 4_000, 6: 3_000}
+    reps = [[MicroBatch((Piece(0, 0, 9_000, 0), Piece(1, 0, 6_000, 1))),
+             MicroBatch((Piece(5, 0, 4_000, 0), Piece(6, 0, 3_000, 1)))],
+            [MicroBatch((Piece(2, 0, 10_000, 0), Piece(3, 0, 8_900, 1))),
+             MicroBatch((Piece(4, 0, 1_000, None),)), MicroBatch((Piece(4, 1_000, 2_000, None),))]]
+
+    def totals(rs):
+        return [sum(timer.seconds(mb) for mb in r) for r in rs]
+
+    before = totals(reps)
+    assert before[0] > before[1]
+    got = _shift_pieces(reps, timer, cap, lengths)
+    assert Counter((p.sample, p.start, p.stop) for r in got for mb in r for p in mb.pieces) == \
+        Counter((p.sample, p.start, p.stop) for r in reps for mb in r for p in mb.pieces)
+    assert got[0][0].pieces == (Piece(1, 0, 6_000, 1), Piece(3, 0, 8_900, 0))
+    assert got[1][0].pieces == (Piece(2, 0, 10_000, 0), Piece(0, 0, 9_000, 1))
+    assert got[0][1:] == reps[0][1:] and got[1][1:] == reps[1][1:]
+    after = totals(got)
+    assert after[0] < before[0] - 0.005
+    assert after[1] == pytest.approx(before[1], abs=1e-12)
+    step = assemble_step(got, cp=2, token_cap=cap)
+    plan = Plan(planner="t", world=4, lengths=lengths, steps=(step,))
+    plan.validate()
+    rep = simulate_step(0, step, plan, cost, bound=False)
+    assert not rep.oom
+    np.testing.assert_allclose(rep.replica_s, after, rtol=1e-12)

@@ -56,10 +56,15 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
    alike in any replica: the slowest gives one to another replica, for one of its or for nothing, while that
    lowers the slowest (:func:`_swap_micro_batches`; chains' micro-batches stay). On 7B ChatQA2 at DP4·CP8 this
    takes the step with an 81K chain from 0.35 s between its lightest and slowest replica to 0.013 s;
-7. (pp = 1, the chosen layout) repack each replica by moving single pieces between its micro-batches, or trading
-   one for a smaller piece, where the simulator says the two micro-batches take less time in sum (a share beside
-   own work that hides its exchange, a half-empty micro-batch emptied into others' room; :func:`_repack`), then
-   balance again. On 7B ChatQA2 at DP32·CP8 this takes 0.010-0.022 s off three of the four steps.
+7. (pp = 1, the chosen layout) in up to ``ROUNDS`` rounds, while the slowest replica gets faster: repack each
+   replica by moving single pieces between its micro-batches before its first chain piece, or trading one for a
+   smaller piece, where the simulator says the two micro-batches take less time in sum (a share beside own work
+   that hides its exchange, a half-empty micro-batch emptied into others' room; :func:`_repack`), and balance
+   again; then trade a piece of the slowest replica for a slightly smaller one of its kind in another replica,
+   where the simulator says the slowest gets faster and the other stays below it (the longer of two near-equal
+   own samples onto a rank that waits anyway; :func:`_shift_pieces`), and balance again. On 7B ChatQA2 this
+   takes 0.003-0.010 s off each step at DP4·CP8 (efficiency .9699 → .9705) and 0.004-0.007 s at DP32·CP8
+   (.9701 → .9705).
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
@@ -72,8 +77,8 @@ fewer after removing candidates that give the same placement; 86 ms median per 2
 (bench/planning.py, docs/BENCHMARKS.md, in a quiet hour; 124 ms in a busier one, when every planner took 14-28% longer;
 side by side, the memo of micro-batch times took it from 139 to 124 ms and balancing adds nothing measurable); ChatQA2,
 whose long samples add degrees, takes about 6.4 s per 2,048-sample batch of 7B at DP32·CP8 (balancing 0.1 s of it; in
-the busier hour 10 s, and 15 s without the memo); repacking adds about 0.5 s there (four batches side by side: 31.0 and
-29.9 s without, 32.0 and 33.1 s with, in a busy hour) and changes no lmsys plan (91.6 against 92-94 ms a batch).
+the busier hour 10 s, and 15 s without the memo); repacking and trading between replicas add about 2.5 s there (four
+batches one after the other in a busy hour: 89 s without, 99-110 s with).
 Options: ``degrees`` (comma-separated CP degrees to consider, default as above), ``splits`` (values of K), ``alphas``
 (thresholds; ``inf`` for none, ``unit``, ``light``), ``refine`` (local-search moves, default 32 or one per replica,
 whichever is more; 0 turns it off, with balancing and repacking), ``shard_chains`` (0: chains only at CP degree 1 —
@@ -104,6 +109,9 @@ LIGHT = -2.0  # the same, less the lightest replica's shared work (``alphas=ligh
 ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT, LIGHT)
 SWAPS = 4  # most micro-batch moves between replicas per micro-batch of the step (_swap_micro_batches)
 PASSES = 8  # most passes of _repack over a replica's micro-batches
+ROUNDS = 3  # most rounds of repacking and trading (Layout.step)
+SHIFTS = 2  # most trades of pieces between replicas, per replica (_shift_pieces)
+NEAREST = 8  # the smaller pieces of its kind, nearest in size, a piece may trade with (_shift_pieces)
 TRADES = 1  # smaller pieces _repack tries to trade a piece for, per micro-batch (more found nothing more on ChatQA2)
 ARRAY_REPLICAS = 12  # the deals price all replicas in one numpy call from this many on; below, numpy's per-call cost
 # loses to a plain loop (measured: 43 against 21 µs a sample at 4 replicas, 47 against 422 µs at 128)
@@ -552,8 +560,23 @@ class _Layout:
         if self.balance:  # a few ms (the scorer and the final step ask for it: both get the same)
             full = dict(zip(self.samples.tolist(), self.lengths.tolist(), strict=True))
             reps = _swap_micro_batches(reps, self.timer, full)
-            if self.repack:  # each replica only gets faster and swapping only lowers the slowest: never slower
-                reps = _swap_micro_batches([_repack(r, self.timer, self.cap, full) for r in reps], self.timer, full)
+            # each replica only gets faster, and swapping and trading only lower the slowest: never slower
+            slowest = max(_total_s(r, self.timer) for r in reps)
+            packed: dict[tuple[MicroBatch, ...], list[MicroBatch]] = {}  # a replica repacked, or left as it was
+
+            def repack(mbs: list[MicroBatch]) -> list[MicroBatch]:
+                key = tuple(mbs)
+                if key not in packed:
+                    out = _repack(mbs, self.timer, self.cap, full)
+                    packed[key] = packed[tuple(out)] = out
+                return packed[key]
+
+            for _ in range(ROUNDS if self.repack else 0):
+                reps = _swap_micro_batches([repack(r) for r in reps], self.timer, full)
+                reps = _swap_micro_batches(_shift_pieces(reps, self.timer, self.cap, full), self.timer, full)
+                before, slowest = slowest, max(_total_s(r, self.timer) for r in reps)
+                if not slowest < before * (1 - 1e-9):
+                    break
         return assemble_step(reps, cp=self.d, token_cap=self.cap)
 
     def refine(self, moves: int) -> None:
@@ -723,6 +746,110 @@ def _swap_micro_batches(reps: list[list[MicroBatch]], timer: _Timer, full: dict[
     return reps
 
 
+def _fits(mb: MicroBatch, timer: _Timer, cap: int) -> bool:
+    """Whether a micro-batch that no chain holds memory in fits the token cap and memory on every rank."""
+    t = timer(mb)
+    return bool(np.all(t[4] <= cap)) and bool(np.all(
+        np.asarray(timer.cost.memory_bytes(t[4], mb.ckpt_layers, t[5])) <= timer.cost.hw.memory_bytes))
+
+
+def _free(mbs: list[MicroBatch], full: dict[int, int]) -> int:
+    """How many of a replica's first micro-batches precede its first chain piece (no chain holds memory there)."""
+    return next((x for x, mb in enumerate(mbs) if _holds_chunk(mb, full)), len(mbs))
+
+
+def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: dict[int, int]
+                  ) -> list[list[MicroBatch]]:
+    """Lower the slowest replica by trading one of its pieces for a slightly smaller piece of its kind (sharded
+    or own, on each other's rank) in another replica: the ``NEAREST`` smaller ones in the step. Besides
+    balancing finer than whole micro-batches, this saves work no replica can alone: the longer of two
+    near-equal own samples onto a rank that waits for another rank of its micro-batch anyway.
+
+    Only micro-batches before a replica's first chain piece trade (no chain holds memory there, so the cap and
+    each micro-batch's own memory are all a trade must respect), neither recomputed nor padded ones. Each trade
+    is first estimated by Eq. 2 from the memoised times of the receiving micro-batch (what the piece adds, read
+    off its own micro-batch, less about the traded piece's share of it, on that piece's rank, or on every rank
+    with the grown exchange); only trades whose estimate beats the best so far are simulated. A trade is kept
+    only if the simulator says both replicas end below the old slowest time, so the slowest replica falls and
+    the loop ends; at most ``SHIFTS`` trades per replica. Cost per trade: O(pieces of the step) to index them by
+    size, then O(P · NEAREST) estimates for P pieces of the slowest replica, and a few simulated micro-batches
+    (about 0.3 s a 2,048-sample 7B ChatQA2 batch at DP32·CP8)."""
+    reps = [list(r) for r in reps]
+    sec = [[timer.seconds(mb) for mb in r] for r in reps]
+    total = np.array([sum(t) for t in sec])
+    # the micro-batches that may trade (a trade keeps every micro-batch's pieces non-empty: this never changes)
+    free = [[x for x, mb in enumerate(r[:_free(r, full)]) if mb.pieces and not (mb.recompute or mb.pad_to)]
+            for r in reps]
+    for _ in range(SHIFTS * len(reps)):
+        slow = int(np.argmax(total))
+        index: dict[bool, list[tuple[int, int, int, Piece]]] = {True: [], False: []}  # kind (sharded) -> by size
+        for g, r in enumerate(reps):
+            if g != slow:
+                for b in free[g]:
+                    for q in r[b].pieces:
+                        index[q.cp_rank is None].append((q.tokens, g, b, q))
+        for entries in index.values():
+            entries.sort(key=lambda e: e[0])
+        sizes = {kind: np.array([e[0] for e in entries]) for kind, entries in index.items()}
+        best: tuple[float, int, int, int, MicroBatch, MicroBatch] | None = None
+        for a in free[slow]:
+            src = reps[slow][a]
+            before = timer(src)
+            for x, p in enumerate(src.pieces):
+                if p.cp_rank is not None and before[0][p.cp_rank] < before[0].max():
+                    continue  # its rank waits for another: taking it out cannot shorten the micro-batch
+                rest = replace(src, pieces=src.pieces[:x] + src.pieces[x + 1:])
+                if timer.seconds(rest) >= sec[slow][a]:
+                    continue
+                after_src = timer(rest)
+                added = float(before[1][p.cp_rank] - after_src[1][p.cp_rank]) if p.cp_rank is not None else \
+                    float(before[2][0] - after_src[2][0])
+                kind = p.cp_rank is None
+                stop = int(np.searchsorted(sizes[kind], p.tokens, side="left"))
+                for _, g, b, q in index[kind][max(0, stop - NEAREST):stop]:
+                    dst = reps[g][b]
+                    if dst.ckpt_layers != src.ckpt_layers:
+                        continue
+                    est = _trade_estimate(dst, p, q, added, timer, cap)
+                    bar = total[slow] * (1 - 1e-9) if best is None else best[0]
+                    if est is None or total[g] - sec[g][b] + est >= bar:
+                        continue
+                    new_b = replace(dst, pieces=tuple(y for y in dst.pieces if y != q)
+                                    + (Piece(p.sample, p.start, p.stop, q.cp_rank),))
+                    new_a = replace(rest, pieces=rest.pieces + (Piece(q.sample, q.start, q.stop, p.cp_rank),))
+                    after = max(total[slow] - sec[slow][a] + timer.seconds(new_a),
+                                total[g] - sec[g][b] + timer.seconds(new_b))
+                    if after < bar and _fits(new_b, timer, cap) and _fits(new_a, timer, cap):
+                        best = (after, a, g, b, new_a, new_b)
+        if best is None:
+            break
+        _, a, g, b, new_a, new_b = best
+        reps[slow][a], sec[slow][a] = new_a, timer.seconds(new_a)
+        reps[g][b], sec[g][b] = new_b, timer.seconds(new_b)
+        total[slow], total[g] = sum(sec[slow]), sum(sec[g])
+    return reps
+
+
+def _trade_estimate(dst: MicroBatch, p: Piece, q: Piece, added: float, timer: _Timer, cap: int) -> float | None:
+    """Eq. 2 estimate of micro-batch ``dst``'s time with piece p in place of its piece q (p on q's rank, or
+    sharded like it), or None when p does not fit the cap there. ``added``: what p adds, read off its own
+    micro-batch (own work on its rank, or every rank's share); q gives back about its share of that (work per
+    token grows with length). O(d)."""
+    d, cost, fixed = timer.d, timer.cost, timer.cost.fixed_s
+    rank_s, local, dist, comm, tokens, _ = timer(dst)
+    room = cap - tokens
+    more = added * (1 - q.tokens / p.tokens)
+    if p.cp_rank is None:
+        if np.any(room + -(-q.tokens // d) < -(-p.tokens // d)):
+            return None
+        grown = cost.cp_comm_s(_sharded_tokens(dst) + p.tokens - q.tokens, dst.ckpt_layers, dst.recompute)
+        return float(np.max(np.maximum(grown, local - fixed) + dist + more)) + fixed
+    j = int(q.cp_rank or 0)
+    if room[j] + q.tokens < p.tokens:
+        return None
+    return max(float(rank_s.max()), float(max(comm[0], local[j] - fixed + more) + dist[j]) + fixed)
+
+
 def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]) -> list[MicroBatch]:
     """Lower one replica's simulated time (one pipeline stage) by moving single pieces between its micro-batches:
     what the packings leave behind, such as a share in a micro-batch whose exchange nothing hides while an own-heavy
@@ -734,13 +861,16 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
     rank of least own work among those with room), or trades places with a smaller piece of its kind there
     (sharded or own, on each other's rank; the ``TRADES`` smallest that make it fit). A change is kept only if the
     two micro-batches' simulated times fall in sum, so the replica gets faster and the loop ends; a micro-batch
-    emptied is dropped. Replicas with a chain's chunk are left alone (the memory a chain holds in later
-    micro-batches), as are recomputed and padded micro-batches. Cost: O(P · M) micro-batch timings per pass for P
-    pieces that can shorten theirs and M micro-batches, fewer where an estimate says the change cannot pay (Eq. 2
-    with what the piece adds, read off its own micro-batch; a change it rejects is not simulated, so a rare
-    helpful one may be missed, never a harmful one kept)."""
+    emptied is dropped. Only the micro-batches before the replica's first chain piece are repacked (a chain holds
+    memory from its first chunk on), and none where one of those is recomputed or padded. Cost: O(P · M) micro-batch
+    timings per pass for P pieces that can shorten theirs and M micro-batches, fewer where an estimate says the
+    change cannot pay (Eq. 2 with what the piece adds, read off its own micro-batch; a change it rejects is not
+    simulated, so a rare helpful one may be missed, never a harmful one kept)."""
     mbs = [mb for mb in mbs if mb.pieces]
-    if len(mbs) < 2 or any(mb.recompute or mb.pad_to or _holds_chunk(mb, full) for mb in mbs):
+    first = _free(mbs, full)
+    if first < len(mbs):  # chains hold memory from their first chunk on: repack only the micro-batches before it
+        return _repack(mbs[:first], timer, cap, full) + mbs[first:]
+    if len(mbs) < 2 or any(mb.recompute or mb.pad_to for mb in mbs):
         return mbs
     d, cost = timer.d, timer.cost
 
