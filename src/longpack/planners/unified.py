@@ -63,7 +63,7 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
    again; then trade a piece of the slowest replica for a slightly smaller one of its kind in another replica,
    where the simulator says the slowest gets faster and the other stays below it (the longer of two near-equal
    own samples onto a rank that waits anyway; :func:`_shift_pieces`), and balance again. On 7B ChatQA2 this
-   takes 0.003-0.010 s off each step at DP4·CP8 (efficiency .9699 → .9705) and 0.004-0.007 s at DP32·CP8
+   takes 0.002-0.010 s off each step at DP4·CP8 (efficiency .9699 → .9705) and 0.001-0.007 s at DP32·CP8
    (.9701 → .9705).
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
