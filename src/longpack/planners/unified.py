@@ -833,19 +833,21 @@ def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: d
 def _trade_estimate(dst: MicroBatch, p: Piece, q: Piece, added: float, timer: _Timer, cap: int) -> float | None:
     """Eq. 2 estimate of micro-batch ``dst``'s time with piece p in place of its piece q (p on q's rank, or
     sharded like it), or None when p does not fit the cap there. ``added``: what p adds, read off its own
-    micro-batch (own work on its rank, or every rank's share); q gives back about its share of that (work per
-    token grows with length). O(d)."""
+    micro-batch (own work on its rank, or every rank's share); q gives back about its part of that, in
+    proportion to the tokens each puts on a rank (work per token grows with length, so q gives back no more).
+    Used by :func:`_shift_pieces` and :func:`_repack_into`. O(d)."""
     d, cost, fixed = timer.d, timer.cost, timer.cost.fixed_s
     rank_s, local, dist, comm, tokens, _ = timer(dst)
     room = cap - tokens
-    more = added * (1 - q.tokens / p.tokens)
+    w_p, w_q = _width(p, d), _width(q, d)
+    more = added * (1 - w_q / w_p)
     if p.cp_rank is None:
-        if np.any(room + -(-q.tokens // d) < -(-p.tokens // d)):
+        if np.any(room + w_q < w_p):
             return None
         grown = cost.cp_comm_s(_sharded_tokens(dst) + p.tokens - q.tokens, dst.ckpt_layers, dst.recompute)
         return float(np.max(np.maximum(grown, local - fixed) + dist + more)) + fixed
     j = int(q.cp_rank or 0)
-    if room[j] + q.tokens < p.tokens:
+    if room[j] + w_q < w_p:
         return None
     return max(float(rank_s.max()), float(max(comm[0], local[j] - fixed + more) + dist[j]) + fixed)
 
@@ -872,11 +874,6 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
         return _repack(mbs[:first], timer, cap, full) + mbs[first:]
     if len(mbs) < 2 or any(mb.recompute or mb.pad_to for mb in mbs):
         return mbs
-    d = timer.d
-
-    def width(p: Piece) -> int:
-        return -(-p.tokens // d) if p.cp_rank is None else p.tokens
-
     sec = [timer.seconds(mb) for mb in mbs]
     for _ in range(PASSES):
         improved = False
@@ -895,7 +892,7 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
                 if t_rest >= sec[a]:
                     x += 1
                     continue
-                found = _repack_into(mbs, sec, a, p, rest, t_rest, timer, cap, width)
+                found = _repack_into(mbs, sec, a, p, rest, t_rest, timer, cap)
                 if found is None:
                     x += 1
                     continue
@@ -914,10 +911,11 @@ def _repack(mbs: list[MicroBatch], timer: _Timer, cap: int, full: dict[int, int]
 
 
 def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest: MicroBatch, t_rest: float,
-                 timer: _Timer, cap: int, width: Callable[[Piece], int]) -> tuple[int, MicroBatch, MicroBatch] | None:
+                 timer: _Timer, cap: int) -> tuple[int, MicroBatch, MicroBatch] | None:
     """The first micro-batch b that takes piece p of micro-batch a (moved, or traded for a smaller piece) with
     less time in sum: (b, new a, new b), or None (:func:`_repack`)."""
-    w = width(p)
+    d = timer.d
+    w = _width(p, d)
     fixed = timer.cost.fixed_s
     # what p adds where it goes, read off its own micro-batch: own work on its rank, or every rank's share of it
     before, after = timer(mbs[a]), timer(rest)
@@ -943,21 +941,13 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
             new_b = replace(dst, pieces=dst.pieces + (moved,))
             if t_rest + timer.seconds(new_b) < sec[a] + sec[b] - 1e-12 and _fits(new_b, timer, cap):
                 return b, rest, new_b
-        trades = sorted((width(q), y) for y, q in enumerate(dst.pieces)
-                        if (q.cp_rank is None) == (p.cp_rank is None) and width(q) < w
-                        and width(q) >= w - (room.min() if p.cp_rank is None else room[q.cp_rank]))
-        for wq, y in trades[:TRADES]:
+        trades = sorted((_width(q, d), y) for y, q in enumerate(dst.pieces)
+                        if (q.cp_rank is None) == (p.cp_rank is None) and _width(q, d) < w
+                        and _width(q, d) >= w - (room.min() if p.cp_rank is None else room[q.cp_rank]))
+        for _, y in trades[:TRADES]:
             q = dst.pieces[y]
-            # q gives back about its share of p's work or less (work per token grows with length): an estimate
-            more = added * (1 - wq / w)
-            if p.cp_rank is None:
-                sharded = timer.cost.cp_comm_s(_sharded_tokens(dst) + n - q.tokens, dst.ckpt_layers,
-                                               dst.recompute)
-                guess = float(np.max(np.maximum(sharded, local - fixed) + dist + more)) + fixed
-            else:
-                r = int(q.cp_rank or 0)
-                guess = max(float(rank_s.max()), float(max(comm[0], local[r] - fixed + more) + dist[r]) + fixed)
-            if t_rest + guess >= sec[a] + sec[b] - 1e-12:
+            est = _trade_estimate(dst, p, q, added, timer, cap)
+            if est is None or t_rest + est >= sec[a] + sec[b] - 1e-12:
                 continue
             new_b = replace(dst, pieces=dst.pieces[:y] + dst.pieces[y + 1:]
                             + (Piece(p.sample, p.start, p.stop, q.cp_rank),))
@@ -974,6 +964,12 @@ def _repack_into(mbs: list[MicroBatch], sec: list[float], a: int, p: Piece, rest
 def _holds_chunk(mb: MicroBatch, full: dict[int, int]) -> bool:
     """Whether a micro-batch holds a piece of a chain (part of a sample, not all of it; ``full``: sample lengths)."""
     return any(p.start > 0 or p.stop < full[p.sample] for p in mb.pieces)
+
+
+def _width(p: Piece, d: int) -> int:
+    """Tokens a piece puts on a rank of a CP group of d: its share, ceil(tokens / d), when sharded; all of it on
+    its rank otherwise."""
+    return -(-p.tokens // d) if p.cp_rank is None else p.tokens
 
 
 def _sharded_tokens(mb: MicroBatch) -> int:
