@@ -217,6 +217,43 @@ def test_unified_alphas_option_refuses_a_bad_threshold_in_one_line():
             _plan(x, cost, alphas=bad)
 
 
+def test_unified_count_options_refuse_a_bad_value_in_one_line():
+    cost = _cost(dp=2, cp=2)
+    x = generate("lmsys-chat-1m", 200, seed=0)
+    for name in ("refine", "trades"):
+        for bad in ("abc", "-1", "1.5"):
+            with pytest.raises(ValueError, match=rf"--opt {name}=.*expected a whole number >= 0 .*e\.g\. {name}="):
+                _plan(x, cost, steps=1, **{name: bad})
+
+
+def test_unified_trades_option_sets_or_turns_off_trading_between_replicas(monkeypatch):
+    """``--opt trades=N``: at most N trades per replica in the chosen layout's rounds; 0 never calls the trader,
+    and its steps then equal those planned with a trader that changes nothing, and are no faster than with it."""
+    from longpack.planners import unified
+
+    calls: list[int] = []
+    original = unified._shift_pieces
+
+    def record(reps, timer, cap, full, shifts=unified.SHIFTS):
+        calls.append(shifts)
+        return original(reps, timer, cap, full, shifts)
+
+    monkeypatch.setattr(unified, "_shift_pieces", record)
+    cost = _cost("qwen2.5-7b", dp=4, cp=2)
+    x = generate("chatqa2-long-sft", 2000, seed=0)
+    on = _plan(x, cost, steps=1)
+    assert calls and set(calls) == {unified.SHIFTS}
+    calls.clear()
+    _plan(x, cost, steps=1, trades=5)
+    assert calls and set(calls) == {5}
+    calls.clear()
+    off = _plan(x, cost, steps=1, trades=0)
+    assert calls == []
+    monkeypatch.setattr(unified, "_shift_pieces", lambda reps, timer, cap, full, shifts=2: reps)
+    assert off.steps == _plan(x, cost, steps=1).steps
+    assert simulate(on, cost).total_s <= simulate(off, cost).total_s  # a trade is kept only where it pays
+
+
 def test_unified_chain_runs_its_short_piece_first_when_that_is_faster():
     """0.5B at CP 256 (DP32·CP8 as one group), a 1.5M sample under --max-len 128K: 12 pieces. Full chunks after
     one short first piece beat even chunks in the simulator (the short piece attends to no prefix; the full ones

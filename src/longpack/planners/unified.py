@@ -73,16 +73,22 @@ slower in the simulator than that plan when it fits memory (a candidate over mem
 
 Cost: C candidates × (O(n log n + n·m + n·replicas) placement + O(pieces) simulation) + up to 5 × ``refine`` moves ×
 O(pieces of two replicas) + balancing, O(m·M) per move for M micro-batches (a few ms a step); C ≤ |degrees| · 3 · 4 · 6,
-fewer after removing candidates that give the same placement; 86 ms median per 256-sample lmsys batch
-(bench/planning.py, docs/BENCHMARKS.md, in a quiet hour; 124 ms in a busier one, when every planner took 14-28% longer;
-side by side, the memo of micro-batch times took it from 139 to 124 ms and balancing adds nothing measurable); ChatQA2,
-whose long samples add degrees, takes about 6.4 s per 2,048-sample batch of 7B at DP32·CP8 (balancing 0.1 s of it; in
-the busier hour 10 s, and 15 s without the memo); repacking and trading between replicas add about 2.5 s there (four
-batches one after the other in a busy hour: 89 s without, 99-110 s with).
+fewer after removing candidates that give the same placement. Per 256-sample lmsys batch: 86 ms median before the
+rounds of step 7 (bench/planning.py in a quiet hour; side by side, the memo of micro-batch times took it from 139 to
+124 ms and balancing adds nothing measurable); 378 ms with them in docs/BENCHMARKS.md now, measured on a slower
+machine where every other planner took 1.3-2.5× its earlier time. Those rounds and trades add about half again on
+lmsys, for little there: on the first 30 batches of that benchmark in one slow hour, median 201 ms with one pass of
+repacking and balancing (the code before them) against 309 ms now; in another run turning :func:`_shift_pieces` off
+took the mean from 404 to 262 ms and the summed step time from 2.2540 to 2.2548 s (0.04%: many trades of about 1e-4
+each). ChatQA2, whose long samples add degrees, takes about 6.4 s per 2,048-sample batch of 7B at DP32·CP8
+(balancing 0.1 s of it; in the busier hour 10 s, and 15 s without the memo); repacking and trading between replicas
+add about 2.5 s there (four batches one after the other in a busy hour: 89 s without, 99-110 s with).
 Options: ``degrees`` (comma-separated CP degrees to consider, default as above), ``splits`` (values of K), ``alphas``
 (thresholds; ``inf`` for none, ``unit``, ``light``), ``refine`` (local-search moves, default 32 or one per replica,
-whichever is more; 0 turns it off, with balancing and repacking), ``shard_chains`` (0: chains only at CP degree 1 —
-what ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
+whichever is more; 0 turns it off, with balancing, repacking and trading), ``trades`` (most trades of pieces between
+replicas, per replica, in step 7; default 2; 0 turns them off: about a third less planning time on lmsys-like
+batches, where they take 0.04% off the step), ``shard_chains`` (0: chains only at CP degree 1 — what
+``longpack train`` sets, since the runtime runs chains at cp = 1 only).
 """
 
 from __future__ import annotations
@@ -158,12 +164,12 @@ class Unified(Planner):
             raise ValueError(f"global batch {batch.index}: no CP degree in --opt degrees fits its samples")
         # local search on the best layouts of the best degrees (pp = 1: replica times add up), then the fastest:
         # the two best of the best degree, and the best of the next two
-        given = ctx.option("refine", None)  # default: 32 moves, or one per replica when there are more
+        given = _count(ctx, "refine", "32")  # default: 32 moves, or one per replica when there are more
         ranked = sorted(per_degree.values(), key=lambda kept: kept[0][0])
         finalists = ranked[0] + [kept[0] for kept in ranked[1:3]]
         best: tuple[tuple[bool, float, int], _Layout] | None = None
         for key, layout in finalists:
-            moves = int(given) if given is not None else max(32, len(layout.own))
+            moves = given if given is not None else max(32, len(layout.own))
             if moves and layout.cost.cfg.pp == 1 and not key[0]:
                 layout.refine(moves)
                 key = (*self._score(layout, lengths, ctx), key[2])
@@ -171,6 +177,8 @@ class Unified(Planner):
                 best = (key, layout)
         assert best is not None
         best[1].repack = best[1].balance  # the chosen layout only: finalists are compared without it (planning time)
+        trades = _count(ctx, "trades", "2")
+        best[1].shifts = SHIFTS if trades is None else trades
         return best[1].step()
 
     def _score(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext) -> tuple[bool, float]:
@@ -405,6 +413,7 @@ class _Layout:
         self.fold: set[int] = set()  # replicas whose regular micro-batches fold into their tail (refine)
         self.balance = False  # swap whole micro-batches between replicas in step() (refine: the finalists)
         self.repack = False  # then move single pieces within each replica, and swap again (the chosen layout)
+        self.shifts = SHIFTS  # and trade pieces between replicas, at most this many per replica (0: none)
         self.dense = False  # also try dense packings per replica (refine: the finalists only, for planning time)
         self.sharding = frozenset(i for g in shared for i in g)  # the samples it shards, as built
         self._where: dict[int, int] | None = None  # sample id -> position in the batch (built on first use)
@@ -573,7 +582,9 @@ class _Layout:
 
             for _ in range(ROUNDS if self.repack else 0):
                 reps = _swap_micro_batches([repack(r) for r in reps], self.timer, full)
-                reps = _swap_micro_batches(_shift_pieces(reps, self.timer, self.cap, full), self.timer, full)
+                if self.shifts:
+                    reps = _swap_micro_batches(_shift_pieces(reps, self.timer, self.cap, full, self.shifts),
+                                               self.timer, full)
                 before, slowest = slowest, max(_total_s(r, self.timer) for r in reps)
                 if not slowest < before * (1 - 1e-9):
                     break
@@ -758,8 +769,8 @@ def _free(mbs: list[MicroBatch], full: dict[int, int]) -> int:
     return next((x for x, mb in enumerate(mbs) if _holds_chunk(mb, full)), len(mbs))
 
 
-def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: dict[int, int]
-                  ) -> list[list[MicroBatch]]:
+def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: dict[int, int],
+                  shifts: int = SHIFTS) -> list[list[MicroBatch]]:
     """Lower the slowest replica by trading one of its pieces for a slightly smaller piece of its kind (sharded
     or own, on each other's rank) in another replica: the ``NEAREST`` smaller ones in the step. Besides
     balancing finer than whole micro-batches, this saves work no replica can alone: the longer of two
@@ -771,16 +782,17 @@ def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: d
     off its own micro-batch, less about the traded piece's share of it, on that piece's rank, or on every rank
     with the grown exchange); only trades whose estimate beats the best so far are simulated. A trade is kept
     only if the simulator says both replicas end below the old slowest time, so the slowest replica falls and
-    the loop ends; at most ``SHIFTS`` trades per replica. Cost per trade: O(pieces of the step) to index them by
-    size, then O(P · NEAREST) estimates for P pieces of the slowest replica, and a few simulated micro-batches
-    (about 1.5 s a 2,048-sample 7B ChatQA2 batch at DP32·CP8, in a busy hour)."""
+    the loop ends; at most ``shifts`` trades per replica (``SHIFTS``, or ``--opt trades``). Cost per trade:
+    O(pieces of the step) to index them by size, then O(P · NEAREST) estimates for P pieces of the slowest
+    replica, and a few simulated micro-batches (about 1.5 s a 2,048-sample 7B ChatQA2 batch at DP32·CP8, in a busy
+    hour; on 256-sample lmsys batches at DP4·CP8 about a third of the planning time)."""
     reps = [list(r) for r in reps]
     sec = [[timer.seconds(mb) for mb in r] for r in reps]
     total = np.array([sum(t) for t in sec])
     # the micro-batches that may trade (a trade keeps every micro-batch's pieces non-empty: this never changes)
     free = [[x for x, mb in enumerate(r[:_free(r, full)]) if mb.pieces and not (mb.recompute or mb.pad_to)]
             for r in reps]
-    for _ in range(SHIFTS * len(reps)):
+    for _ in range(shifts * len(reps)):
         slow = int(np.argmax(total))
         index: dict[bool, list[tuple[int, int, int, Piece]]] = {True: [], False: []}  # kind (sharded) -> by size
         for g, r in enumerate(reps):
@@ -1303,6 +1315,20 @@ def _numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: s
         return [cast(x) for x in str(text).split(",")]
     except ValueError:
         raise ValueError(f"--opt {name}={text!r}: expected comma-separated {kind}, e.g. {name}={example}") from None
+
+
+def _count(ctx: PlanContext, name: str, example: str) -> int | None:
+    """Option ``name`` as a whole number >= 0 (None when not given), or one line naming the option and the fix."""
+    text = ctx.option(name, None)
+    if text is None or text == "":
+        return None
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"--opt {name}={text!r}: expected a whole number >= 0 (0 turns it off), e.g. {name}={example}")
+    return value
 
 
 def _alpha(text: str) -> float:
