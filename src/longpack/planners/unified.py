@@ -85,9 +85,10 @@ each). ChatQA2, whose long samples add degrees, takes about 6.4 s per 2,048-samp
 add about 2.5 s there (four batches one after the other in a busy hour: 89 s without, 99-110 s with).
 Options: ``degrees`` (comma-separated CP degrees to consider, default as above), ``splits`` (values of K), ``alphas``
 (thresholds; ``inf`` for none, ``unit``, ``light``), ``refine`` (local-search moves, default 32 or one per replica,
-whichever is more; 0 turns it off, with balancing, repacking and trading), ``trades`` (most trades of pieces between
-replicas, per replica, in step 7; default 2; 0 turns them off: about a third less planning time on lmsys-like
-batches, where they take 0.04% off the step), ``shard_chains`` (0: chains only at CP degree 1 — what
+whichever is more; 0 turns it off, with balancing, repacking and trading: half the planning time on lmsys batches,
+for 0.04% of step time there and 1.0% on 7B ChatQA2 at DP4·CP8), ``trades`` (most trades of pieces between replicas,
+per replica, in step 7; default 2; 0 turns them off: about a third less planning time on lmsys batches, for 0.04%
+of step time there and 0.05% on 7B ChatQA2 at DP4·CP8), ``shard_chains`` (0: chains only at CP degree 1 — what
 ``longpack train`` sets, since the runtime runs chains at cp = 1 only).
 """
 
