@@ -178,7 +178,7 @@ class Unified(Planner):
                 best = (key, layout)
         assert best is not None
         best[1].repack = best[1].balance  # the chosen layout only: finalists are compared without it (planning time)
-        trades = _count(ctx, "trades", "2")
+        trades = _count(ctx, "trades", str(SHIFTS))
         best[1].shifts = SHIFTS if trades is None else trades
         return best[1].step()
 
@@ -815,10 +815,11 @@ def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: d
                 if p.cp_rank is not None and before[0][p.cp_rank] < before[0].max():
                     continue  # its rank waits for another: taking it out cannot shorten the micro-batch
                 rest = replace(src, pieces=src.pieces[:x] + src.pieces[x + 1:])
-                if timer.seconds(rest) >= sec[slow][a]:
+                t_rest = timer.seconds(rest)
+                if t_rest >= sec[slow][a]:
                     continue
                 # the sender ends at least here whatever it gets back (a micro-batch's time never falls as it grows)
-                floor_a = total[slow] - sec[slow][a] + timer.seconds(rest)
+                floor_a = total[slow] - sec[slow][a] + t_rest
                 after_src = timer(rest)
                 added = float(before[1][p.cp_rank] - after_src[1][p.cp_rank]) if p.cp_rank is not None else \
                     float(before[2][0] - after_src[2][0])
