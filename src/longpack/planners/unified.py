@@ -798,15 +798,7 @@ def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: d
             for r in reps]
     for _ in range(shifts * len(reps)):
         slow = int(np.argmax(total))
-        index: dict[bool, list[tuple[int, int, int, Piece]]] = {True: [], False: []}  # kind (sharded) -> by size
-        for g, r in enumerate(reps):
-            if g != slow:
-                for b in free[g]:
-                    for q in r[b].pieces:
-                        index[q.cp_rank is None].append((q.tokens, g, b, q))
-        for entries in index.values():
-            entries.sort(key=lambda e: e[0])
-        sizes = {kind: np.array([e[0] for e in entries]) for kind, entries in index.items()}
+        index, sizes = _trade_index(reps, free, slow)
         best: tuple[float, int, int, int, MicroBatch, MicroBatch] | None = None
         for a in free[slow]:
             src = reps[slow][a]
@@ -851,6 +843,21 @@ def _shift_pieces(reps: list[list[MicroBatch]], timer: _Timer, cap: int, full: d
         reps[g][b], sec[g][b] = new_b, timer.seconds(new_b)
         total[slow], total[g] = sum(sec[slow]), sum(sec[g])
     return reps
+
+
+def _trade_index(reps: list[list[MicroBatch]], free: list[list[int]], slow: int
+                 ) -> tuple[dict[bool, list[tuple[int, int, int, Piece]]], dict[bool, np.ndarray]]:
+    """The pieces the slowest replica may trade with, by kind (sharded or not): (tokens, replica, micro-batch,
+    piece) sorted by tokens, and the sorted token counts for bisection. O(pieces · log pieces)."""
+    index: dict[bool, list[tuple[int, int, int, Piece]]] = {True: [], False: []}
+    for g, r in enumerate(reps):
+        if g != slow:
+            for b in free[g]:
+                for q in r[b].pieces:
+                    index[q.cp_rank is None].append((q.tokens, g, b, q))
+    for entries in index.values():
+        entries.sort(key=lambda e: e[0])
+    return index, {kind: np.array([e[0] for e in entries]) for kind, entries in index.items()}
 
 
 def _trade_estimate(dst: MicroBatch, p: Piece, q: Piece, added: float, timer: _Timer, cap: int) -> float | None:
