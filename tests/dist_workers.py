@@ -145,5 +145,45 @@ def adaptive_worker(rank: int, world: int, port: int, out: str, groups_opt: str)
     torch.distributed.destroy_process_group()
 
 
-__all__ = ["step_reference", "adaptive_worker", "cp_worker", "IGNORE", "make_model", "make_plan",
-           "reference_grads", "packed_grads", "parity_worker", "SPEC"]
+def mixed_plan():
+    """One step of LENGTHS on world 4 as CP groups of 1, 2 and 1 ranks (the group of 2 starts at rank 1, off its
+    degree's alignment): sharded and own pieces in the group of 2, whole samples on the single ranks."""
+    from longpack.plan import MicroBatch, Piece, Plan, Replica, Step
+
+    def mb(*pieces):
+        return MicroBatch(tuple(Piece(s, 0, int(LENGTHS[s]), r) for s, r in pieces))
+
+    reps = (Replica((mb((0, 0), (1, 0)), mb((8, 0)))),
+            Replica((mb((4, None), (9, None), (5, 0), (11, 1)), mb((2, None), (10, 1)))),
+            Replica((mb((6, 0), (3, 0), (7, 0)), mb())))
+    return Plan("mixed", 4, {i: int(n) for i, n in enumerate(LENGTHS)},
+                (Step(cp=2, token_cap=128, degrees=(1, 2, 1), replicas=reps),))
+
+
+def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
+    """One rank of :func:`mixed_plan`; rank 0 saves the summed loss and gradients."""
+    from longpack.runtime.context_parallel import CPGroups
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    plan = mixed_plan()
+    plan.validate()
+    step = plan.steps[0]
+    groups = CPGroups.for_plan(plan, world)
+    replica, cp_rank = step.position(rank)
+    cp, group = groups.of(step, rank)
+    model = make_model()
+    loss, _ = run_micro_batches(model, plan, 0, step.replicas[replica].micro_batches,
+                                SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=cp)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    stats = torch.tensor([loss], dtype=torch.float64)
+    all_reduce_sum(grads + [stats])
+    if rank == 0:
+        torch.save({"loss": float(stats[0]), "grads": dict(zip([k for k, _ in model.named_parameters()], grads,
+                                                                 strict=True))}, out)
+    torch.distributed.destroy_process_group()
+
+
+__all__ = ["step_reference", "adaptive_worker", "mixed_plan", "mixed_worker", "cp_worker", "IGNORE", "make_model",
+           "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]

@@ -91,6 +91,16 @@ def test_context_parallel_parity_adaptive_cp_hbp(tmp_path):
             assert float((grads[name] - g).norm() / g.norm()) <= RTOL, (step, name)
 
 
+def test_context_parallel_parity_mixed_groups_1_2_1(tmp_path):
+    """One step on CP groups of 1, 2 and 1 ranks (Step.degrees; the group of 2 is ranks 1-2): the summed loss and
+    gradients equal the single-process unpacked reference."""
+    from dist_workers import mixed_worker
+
+    out = str(tmp_path / "mixed.pt")
+    torch.multiprocessing.spawn(mixed_worker, args=(4, free_port(), out), nprocs=4)
+    _assert_parity(torch.load(out, weights_only=False))
+
+
 def test_train_cli_skrull_cp2_and_hbp_mixed_cp():
     import json
     import subprocess

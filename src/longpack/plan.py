@@ -3,24 +3,29 @@
 Structure (plain immutable values, JSON round-trip, no torch)::
 
     Plan        planner, world (= dp·cp), lengths {sample: tokens}, truncated, dropped, meta, steps
-    Step        one optimizer step: cp degree, token cap per rank, group tag, exactly world // cp replicas
+    Step        one optimizer step: cp degree, token cap per rank, group tag, exactly world // cp replicas; or
+                replicas on CP groups of several sizes (``degrees``, one per replica, summing to world; cp is
+                then the largest)
     Replica     micro-batches in gradient-accumulation order (every replica of a step has the same count)
     MicroBatch  pieces + activation policy: ckpt_layers (checkpointed layers), recompute (ChunkFlow: drop this
                 chunk's activations after forward, recompute before backward), pad_to (0 = packed varlen;
                 > 0 = padded batch where every row is padded to pad_to tokens)
     Piece       (sample, start, stop, cp_rank): tokens [start, stop) of one sample; cp_rank None = sharded over
-                the step's CP group (Skrull "distributed"), else the one CP rank holding it whole ("local")
+                its replica's CP group (Skrull "distributed"), else the one CP rank holding it whole ("local")
 
 Invariants (:meth:`Plan.validate`; messages name step, replica, micro-batch and sample):
 
 1. Coverage: every token of every sample in ``lengths`` is in exactly one piece, unless the sample is in
    ``dropped`` (with a reason) or was cut to ``truncated[sample]`` tokens (then exactly those tokens).
 2. Capacity: per micro-batch and CP rank, local tokens + ceil(tokens/cp) of each sharded piece <= the step's
-   token cap (padded micro-batches count their padding).
+   token cap (padded micro-batches count their padding); cp is the replica's degree.
 3. Chunk order: all pieces of a sample sit in one replica of one step, at most one per micro-batch, with
    ``start`` increasing along the replica's micro-batches, and all with the same ``cp_rank`` (a chain's K/V
    state stays where it was made: sharded over the group, or on one CP rank).
-4. Shape: ``cp`` divides ``world``; world // cp replicas per step, all with the same micro-batch count.
+4. Shape: ``cp`` divides ``world``; world // cp replicas per step, all with the same micro-batch count. A step with
+   ``degrees`` instead has one replica per degree, each dividing ``world``, summing to it, the largest equal to
+   ``cp``: its replicas are CP groups of several sizes (FlexSP's heterogeneous groups; PAPERS.md, HBP Table 12),
+   ranks numbered group after group in replica order. Uniform steps leave ``degrees`` empty (and out of the JSON).
 5. Determinism: :meth:`Plan.to_json` is canonical (sorted keys, no floats from planning), so equal plans are
    byte-identical.
 
@@ -108,6 +113,33 @@ class Step:
     token_cap: int
     replicas: tuple[Replica, ...]
     group: str = ""
+    degrees: tuple[int, ...] = ()  # one CP degree per replica; () = every replica at cp
+
+    def replica_cp(self, replica: int) -> int:
+        """CP degree of ``replica``'s group."""
+        return self.degrees[replica] if self.degrees else self.cp
+
+    @property
+    def mixed(self) -> bool:
+        """True when the step's replicas are CP groups of different sizes."""
+        return len(set(self.degrees)) > 1
+
+    def spans(self) -> list[tuple[int, int]]:
+        """(first rank, degree) of each replica's CP group: the groups one after another in replica order."""
+        out, first = [], 0
+        for r in range(len(self.replicas)):
+            out.append((first, self.replica_cp(r)))
+            first += self.replica_cp(r)
+        return out
+
+    def position(self, rank: int) -> tuple[int, int]:
+        """(replica, CP rank) of global ``rank`` in this step."""
+        if not self.degrees:
+            return rank // self.cp, rank % self.cp
+        for r, (first, d) in enumerate(self.spans()):
+            if first <= rank < first + d:
+                return r, rank - first
+        raise ValueError(f"rank {rank} outside this step's {sum(self.degrees)} ranks")
 
 
 @dataclass(frozen=True)
@@ -153,7 +185,7 @@ class Plan:
             for r, rep in enumerate(step.replicas):
                 for m, mb in enumerate(rep.micro_batches):
                     where = f"step {s}, replica {r}, micro-batch {m}"
-                    self._check_micro_batch(where, step, mb)
+                    self._check_micro_batch(where, step, step.replica_cp(r), mb)
                     for p in mb.pieces:
                         covered.setdefault(p.sample, []).append((p.start, p.stop, s, r, m, p.cp_rank))
         self._check_coverage_and_order(covered)
@@ -169,16 +201,33 @@ class Plan:
                 raise PlanError(f"sample {sample}: dropped without a known length and a reason")
 
     def _check_step_shape(self, s: int, step: Step) -> None:
-        if step.cp < 1 or self.world % step.cp:
+        if step.degrees:
+            self._check_degrees(s, step)
+        elif step.cp < 1 or self.world % step.cp:
             raise PlanError(f"step {s}: cp={step.cp} does not divide world={self.world}")
-        if len(step.replicas) != self.world // step.cp:
+        elif len(step.replicas) != self.world // step.cp:
             raise PlanError(f"step {s}: {len(step.replicas)} replicas, expected world // cp = {self.world // step.cp}")
         counts = {len(rep.micro_batches) for rep in step.replicas}
         if len(counts) > 1:
             raise PlanError(f"step {s}: replicas have different micro-batch counts {sorted(counts)}; "
                             "pad with empty micro-batches so collectives cannot deadlock")
 
-    def _check_micro_batch(self, where: str, step: Step, mb: MicroBatch) -> None:
+    def _check_degrees(self, s: int, step: Step) -> None:
+        if len(step.degrees) != len(step.replicas):
+            raise PlanError(f"step {s}: {len(step.degrees)} degrees for {len(step.replicas)} replicas; give one CP "
+                            "degree per replica")
+        odd = [d for d in step.degrees if d < 1 or self.world % d]
+        if odd:
+            raise PlanError(f"step {s}: degree {odd[0]} does not divide world={self.world}; give each group a "
+                            "degree that divides the world")
+        if sum(step.degrees) != self.world:
+            raise PlanError(f"step {s}: degrees {list(step.degrees)} sum to {sum(step.degrees)}, not world="
+                            f"{self.world}; the groups must hold every rank once")
+        if step.cp != max(step.degrees):
+            raise PlanError(f"step {s}: cp={step.cp} but the largest of degrees {list(step.degrees)} is "
+                            f"{max(step.degrees)}; a step's cp is its widest group")
+
+    def _check_micro_batch(self, where: str, step: Step, cp: int, mb: MicroBatch) -> None:
         seen: set[int] = set()
         for p in mb.pieces:
             if p.sample not in self.lengths:
@@ -191,11 +240,11 @@ class Plan:
             if not 0 <= p.start < p.stop <= self.effective_length(p.sample):
                 raise PlanError(f"{where}: sample {p.sample} piece [{p.start}, {p.stop}) outside "
                                 f"[0, {self.effective_length(p.sample)})")
-            if p.cp_rank is not None and not 0 <= p.cp_rank < step.cp:
-                raise PlanError(f"{where}: sample {p.sample} cp_rank={p.cp_rank} not in [0, {step.cp})")
+            if p.cp_rank is not None and not 0 <= p.cp_rank < cp:
+                raise PlanError(f"{where}: sample {p.sample} cp_rank={p.cp_rank} not in [0, {cp})")
             if mb.pad_to and p.stop - p.start > mb.pad_to:
                 raise PlanError(f"{where}: sample {p.sample} has {p.stop - p.start} tokens > pad_to={mb.pad_to}")
-        for rank, tokens in enumerate(mb.rank_tokens(step.cp)):
+        for rank, tokens in enumerate(mb.rank_tokens(cp)):
             if tokens > step.token_cap:
                 raise PlanError(f"{where}: CP rank {rank} holds {tokens} tokens > token cap {step.token_cap}")
 
@@ -237,7 +286,10 @@ class Plan:
         for step in self.steps:
             reps = [[{"ckpt": mb.ckpt_layers, "recompute": mb.recompute, "pad_to": mb.pad_to,
                       "pieces": [list(p) for p in mb.pieces]} for mb in rep.micro_batches] for rep in step.replicas]
-            steps.append({"cp": step.cp, "token_cap": step.token_cap, "group": step.group, "replicas": reps})
+            entry = {"cp": step.cp, "token_cap": step.token_cap, "group": step.group, "replicas": reps}
+            if step.degrees:
+                entry["degrees"] = list(step.degrees)
+            steps.append(entry)
         return {"format": FORMAT, "planner": self.planner, "world": self.world, "meta": dict(self.meta),
                 "lengths": sorted([k, v] for k, v in self.lengths.items()),
                 "truncated": sorted([k, v] for k, v in self.truncated.items()),
@@ -251,7 +303,8 @@ class Plan:
         if d.get("format") != FORMAT:
             raise PlanError(f"plan format {d.get('format')!r}: expected {FORMAT!r}")
         steps = tuple(
-            Step(cp=st["cp"], token_cap=st["token_cap"], group=st.get("group", ""), replicas=tuple(
+            Step(cp=st["cp"], token_cap=st["token_cap"], group=st.get("group", ""),
+                 degrees=tuple(int(x) for x in st.get("degrees", ())), replicas=tuple(
                 Replica(micro_batches=tuple(
                     MicroBatch(pieces=tuple(Piece(*p) for p in mb["pieces"]), ckpt_layers=mb["ckpt"],
                                recompute=mb["recompute"], pad_to=mb["pad_to"]) for mb in rep))

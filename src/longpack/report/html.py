@@ -24,7 +24,7 @@ from .. import jobs  # noqa: E402
 from ..cost import CostModel  # noqa: E402
 from ..plan import Plan  # noqa: E402
 from ..sim import simulate  # noqa: E402
-from ..sim.simulate import StepReport, micro_batch_times  # noqa: E402
+from ..sim.simulate import StepReport, _with_cp, micro_batch_times  # noqa: E402
 
 __all__ = ["build_report"]
 
@@ -55,17 +55,19 @@ def load_bars(plan: Plan, s: StepReport) -> str:
 
 def gantt(plan: Plan, cost: CostModel, step: int, max_ranks: int = 16) -> str:
     st = plan.steps[step]
-    cp = st.cp
-    fig, ax = plt.subplots(figsize=(8, 0.3 * min(max_ranks, len(st.replicas) * cp) + 1))
+    world = sum(st.replica_cp(r) for r in range(len(st.replicas)))
+    fig, ax = plt.subplots(figsize=(8, 0.3 * min(max_ranks, world) + 1))
     row = 0
-    for rep in st.replicas:
+    for r, rep in enumerate(st.replicas):
         if row >= max_ranks:
             break
+        cp = st.replica_cp(r)
+        at = cost if cost.cfg.cp == cp else _with_cp(cost, cp, world // cp)  # the exchange spans this group
         t0 = np.zeros(cp)
         for mb in rep.micro_batches:
             if not mb.pieces:
                 continue
-            time, local, dist, comm, *_ = micro_batch_times(mb, cp, cost)
+            time, local, dist, comm, *_ = micro_batch_times(mb, cp, at)
             span = float(time.max())
             for j in range(cp):
                 y = row + j

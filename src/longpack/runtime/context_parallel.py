@@ -21,14 +21,14 @@ the loss stays the global token mean because every rank weighs its tokens by the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..plan import MicroBatch
+from ..plan import MicroBatch, Plan, Step
 from .attention import document_attention
 
 __all__ = ["zigzag_blocks", "rank_pieces", "CPGroups", "CPAttention", "all_gather_seq"]
@@ -65,21 +65,44 @@ def rank_pieces(mb: MicroBatch, cp: int, rank: int) -> tuple[list[tuple[int, int
 @dataclass(frozen=True)
 class CPGroups:
     """Process groups of every CP degree a plan uses, built once (every rank creates every group, same order).
-    Replica i of a step with CP degree c is ranks [i·c, (i+1)·c)."""
+    Replica i of a step with CP degree c is ranks [i·c, (i+1)·c); in a step on groups of several sizes the groups
+    follow one another (:meth:`Step.spans`), and each (first rank, size) gets its own group."""
 
     groups: dict[int, list[dist.ProcessGroup | None]]
+    spans: dict[tuple[int, int], dist.ProcessGroup | None] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, degrees: set[int], world: int) -> CPGroups:
+    def build(cls, degrees: set[int], world: int, spans: set[tuple[int, int]] | None = None) -> CPGroups:
         out: dict[int, list[dist.ProcessGroup | None]] = {}
         for c in sorted(degrees):
             if world % c:
                 raise ValueError(f"CP degree {c} does not divide the world of {world} processes")
             out[c] = [dist.new_group(list(range(i * c, (i + 1) * c))) if c > 1 else None for i in range(world // c)]
-        return cls(out)
+        extra: dict[tuple[int, int], dist.ProcessGroup | None] = {}
+        for first, c in sorted(spans or ()):
+            if c > 1 and first % c:  # an aligned span already has its group above
+                extra[(first, c)] = dist.new_group(list(range(first, first + c)))
+        return cls(out, extra)
+
+    @classmethod
+    def for_plan(cls, plan: Plan, world: int) -> CPGroups:
+        """The groups of every step of ``plan``: each degree's aligned groups, and the unaligned spans of steps on
+        groups of several sizes."""
+        spans = {span for s in plan.steps if s.degrees for span in s.spans()}
+        degrees = {s.cp for s in plan.steps if not s.degrees} | {c for _, c in spans}
+        return cls.build(degrees, world, spans)
 
     def group(self, cp: int, rank: int) -> dist.ProcessGroup | None:
         return self.groups[cp][rank // cp]
+
+    def of(self, step: Step, rank: int) -> tuple[int, dist.ProcessGroup | None]:
+        """(degree, process group) of ``rank``'s replica in ``step``."""
+        replica, cp_rank = step.position(rank)
+        cp = step.replica_cp(replica)
+        first = rank - cp_rank
+        if cp <= 1:
+            return cp, None
+        return cp, self.spans[(first, cp)] if first % cp else self.groups[cp][first // cp]
 
 
 class _AllGather(torch.autograd.Function):

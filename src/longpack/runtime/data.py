@@ -95,7 +95,8 @@ def collate(mb: MicroBatch, corpus: SyntheticCorpus, effective_length: Callable[
 
 class PlanSampler:
     """Iterates one rank's micro-batches of a Plan. Rank r of a step with CP degree c is replica r // c, CP rank
-    r % c (the world is fixed; HBP steps change c)."""
+    r % c (the world is fixed; HBP steps change c); in a step on groups of several sizes, the groups follow one
+    another in replica order (:meth:`Step.position`)."""
 
     def __init__(self, plan: Plan, rank: int) -> None:
         if not 0 <= rank < plan.world:
@@ -103,8 +104,8 @@ class PlanSampler:
         self.plan, self.rank, self.step = plan, rank, 0
 
     def position(self, step: int) -> tuple[int, int]:
-        cp = self.plan.steps[step].cp
-        return self.rank // cp, self.rank % cp
+        """(replica, CP rank) of this rank in ``step`` (groups of several sizes: one after another)."""
+        return self.plan.steps[step].position(self.rank)
 
     def micro_batches(self, step: int) -> tuple[MicroBatch, ...]:
         replica, _ = self.position(step)

@@ -47,9 +47,9 @@ def _chain_segment(plan: Plan, mbs: tuple[MicroBatch, ...], i: int) -> tuple[int
 
 
 def _run_cp(model: Decoder, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: SyntheticCorpus,
-            weights_of, cp_rank: int, group, overlap: bool) -> tuple[float, int]:  # noqa: ANN001
-    """A CP step on one rank: local pieces whole, a zigzag share of every sharded piece, K/V all-gathered."""
-    cp = plan.steps[step].cp
+            weights_of, cp: int, cp_rank: int, group, overlap: bool) -> tuple[float, int]:  # noqa: ANN001
+    """A CP step on one rank of a group of ``cp``: local pieces whole, a zigzag share of every sharded piece, K/V
+    all-gathered."""
     loss_sum, tokens = 0.0, 0
     for i, mb in enumerate(mbs):
         if not mb.pieces:
@@ -69,14 +69,17 @@ def _run_cp(model: Decoder, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], 
 
 def run_micro_batches(model: Decoder, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: SyntheticCorpus,
                       *, mode: str = "token_mean", device: torch.device | None = None, cp_rank: int = 0,
-                      cp_group=None, overlap: bool = True) -> tuple[float, int]:  # noqa: ANN001
+                      cp_group=None, overlap: bool = True, cp: int | None = None) -> tuple[float, int]:  # noqa: ANN001
     """Backpropagate this rank's micro-batches of ``step``; returns (its share of the step loss, its tokens).
-    In a step with CP degree > 1, ``cp_rank`` and ``cp_group`` say which share this rank runs and with whom."""
+    In a step with CP degree > 1, ``cp_rank`` and ``cp_group`` say which share this rank runs and with whom;
+    ``cp``: the degree of this rank's group (default the step's; a step on groups of several sizes has one per
+    replica, :meth:`Step.position`)."""
     targets = step_targets(plan, plan.steps[step])
     total = sum(targets.values())
-    if plan.steps[step].cp > 1:
-        return _run_cp(model, plan, step, mbs, corpus, lambda b: token_weights(b, targets, mode, total), cp_rank,
-                       cp_group, overlap)
+    cp = plan.steps[step].cp if cp is None else cp
+    if cp > 1:
+        return _run_cp(model, plan, step, mbs, corpus, lambda b: token_weights(b, targets, mode, total), cp,
+                       cp_rank, cp_group, overlap)
     loss_sum, tokens = 0.0, 0
     i = 0
     while i < len(mbs):

@@ -94,8 +94,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     corpus = SyntheticCorpus(spec.vocab, seed=args.run.seed)
     sampler = PlanSampler(plan, ctx.rank)
-    degrees = {s.cp for s in plan.steps}
-    groups = CPGroups.build(degrees, ctx.world) if ctx.distributed and max(degrees) > 1 else None
+    groups = CPGroups.for_plan(plan, ctx.world) if ctx.distributed and max(s.cp for s in plan.steps) > 1 else None
     if args.resume and args.checkpoint_dir:
         state = checkpoint.load_latest(args.checkpoint_dir)
         if state is not None:
@@ -109,9 +108,10 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     for step, mbs in sampler:
         t0 = time.perf_counter()
-        cp = plan.steps[step].cp
+        _, cp_rank = plan.steps[step].position(ctx.rank)
+        cp, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, None)
         loss, tokens = run_micro_batches(model, plan, step, mbs, corpus, mode=args.loss, device=ctx.device,
-                                         cp_rank=ctx.rank % cp, cp_group=groups.group(cp, ctx.rank) if groups else None)
+                                         cp_rank=cp_rank, cp_group=group, cp=cp)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
         stats = torch.tensor([loss, float(tokens)], dtype=torch.float64)
         all_reduce_sum(grads + [stats])

@@ -60,7 +60,8 @@ import numpy as np
 
 from ..cost import CostModel, attention_pairs
 
-__all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "min_ckpt", "per_micro_batch_s",
+__all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "mixed_step_bound", "min_ckpt",
+           "per_micro_batch_s",
            "comm_minorant", "comm_lower", "comm_floor",
            "chain_exchange", "exchange_bound", "crossing", "memory_caps", "micro_batch_overhead", "group_bound"]
 
@@ -372,6 +373,57 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
 
 
 REFINED = 2  # degrees per step the per-replica program runs on (each: up to 2 + PROBES MILPs)
+
+
+def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int] | None = None,
+                     split_len: int | None = None, memory: bool = True) -> float:
+    """Lower bound on the time of one step whose replicas may be CP groups of several sizes (Step.degrees): any
+    split of the world into groups whose degrees are among ``degrees`` (default: the cost model's).
+
+    Each sample runs in one group, so it costs at least its cheapest form over the degrees. Terms (no
+    per-replica ones: the number of groups is free):
+
+    * spread: Σ_i min_d W_i(d) / world + h (the busiest rank of the world);
+    * unit: max_i min_d U_i(d) + h (the group that runs sample i);
+    * exchange, in GPU-seconds: a group g of degree d takes T >= D_g + θ·C_g + (1 − θ)·Λ_g + h for θ in [0, 1],
+      with C_g >= b_d·(its sharded tokens) for b_d the steepest minorant slope of the exchange at degree d (and
+      the chord slope at T, as in :func:`exchange_bound`) and d·Λ_g >= Σ of its own samples' one-rank times;
+      times d and summed over the groups, world·T >= Σ_i min(min_d d·(θ·b_d·s_i + shard_i(d)),
+      (1 − θ)·local_i) + world·h, a sample whose one-rank time exceeds T being sharded. The bound is the
+      crossing with T (bisection).
+
+    Weaker than :func:`step_lower_bound` for one degree (no pair, group or per-replica terms), and valid for
+    every layout of one degree too. Cost: O(samples · degrees · 40) after the forms."""
+    if len(lengths) == 0:
+        return 0.0
+    s = np.asarray(lengths, dtype=np.float64)
+    world = cost.cfg.dp * cost.cfg.cp
+    found = []
+    for d in degrees or (cost.cfg.cp,):
+        c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
+        slopes = [b for _, b in comm_minorant(c) if b > 0]
+        found.append((d, sample_forms(s, c, split_len, memory), max(slopes, default=0.0),
+                      _chord_slope(c) if d > 1 else None))
+    h = per_micro_batch_s(cost)
+    work = np.min([f.work for _, f, _, _ in found], axis=0)
+    unit = np.min([f.unit for _, f, _, _ in found], axis=0)
+    local = np.min([f.local for _, f, _, _ in found], axis=0)
+    known = max(float(work.sum()) / world, float(unit.max())) + h
+    theta = (0.25, 0.5, 0.75, 1.0)
+
+    def f(t: float) -> float:
+        fits = local + h <= t
+        best = 0.0
+        for th in theta:
+            cheapest = np.where(fits, (1.0 - th) * local, np.inf)
+            for d, forms, b, chord in found:
+                if d > 1:
+                    slope = max(b, chord(t - h)) if chord else b
+                    cheapest = np.minimum(cheapest, d * (th * slope * s + forms.shard))
+            best = max(best, float(cheapest.sum()) / world)
+        return best + h
+
+    return crossing(f, known, 40) + cost.grad_allreduce_s()
 
 
 PAIR_LIMIT = 256  # replicas up to which the pair bound is computed (O(replicas²) pairs)

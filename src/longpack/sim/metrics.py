@@ -74,7 +74,7 @@ def plan_metrics(plan: Plan) -> PlanMetrics:
                     padded += mb.pad_to or n
                     t[r] += mb.pad_to or n
                     a[r] += p.stop * p.stop - p.start * p.start
-                    if p.cp_rank is None and step.cp > 1:
+                    if p.cp_rank is None and step.replica_cp(r) > 1:
                         sharded += n
                 if mb.pieces:
                     mbs += 1

@@ -23,6 +23,9 @@ plus the stored K/V of the chain's earlier tokens, which every chunk (recomputed
 last chunk, in every micro-batch between.
 A rank over the hardware's memory is an OOM.
 
+A step whose replicas are CP groups of several sizes (``Step.degrees``) times each replica at its own degree, and
+is held to the lower bound of such layouts (bounds.mixed_step_bound), which is weaker than that of one degree.
+
 Padded micro-batches (``pad_to > 0``) compute every row at the padded length: padding costs time and memory.
 Cost: O(pieces + ranks) per micro-batch.
 """
@@ -36,7 +39,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plan import MicroBatch, Plan, Step
-from .bounds import step_lower_bound
+from .bounds import mixed_step_bound, step_lower_bound
 from .pipeline import Item
 from .pipeline import schedule as pipeline_schedule
 
@@ -45,7 +48,8 @@ __all__ = ["StepReport", "SimReport", "simulate", "simulate_step", "micro_batch_
 
 @dataclass(frozen=True)
 class StepReport:
-    """One optimizer step; per-rank tuples are indexed by global rank = replica · cp + cp_rank."""
+    """One optimizer step; per-rank tuples are indexed by global rank = replica · cp + cp_rank (groups of several
+    sizes: the replicas' groups one after the other)."""
 
     step: int
     cp: int
@@ -143,18 +147,25 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     """One step's report; ``bound=False`` skips the lower bound (planners evaluating candidates). ``times``: what
     :func:`micro_batch_times` gives for a micro-batch at the step's CP degree on this cost model (a planner's
     memoised copy; it must not differ from it)."""
-    cp, reps = step.cp, step.replicas
+    reps = step.replicas
     run_cost = cost
-    cost = cost if cost.cfg.cp == cp else _with_cp(cost, cp, len(reps))
-    n_ranks = len(reps) * cp
+    sizes = [step.replica_cp(r) for r in range(len(reps))]
+    n_ranks = sum(sizes)
+    costs = {d: cost if cost.cfg.cp == d else _with_cp(cost, d, n_ranks // d) for d in set(sizes)}
+    if step.mixed:
+        times = None  # a planner's memo is for one degree
     busy = np.zeros(n_ranks)
     compute = np.zeros(n_ranks)
     comm = np.zeros(n_ranks)
     overlap = np.zeros(n_ranks)
     peak = np.zeros(n_ranks)
     replica_s, bubbles = [], []
+    first = 0
     for r, rep in enumerate(reps):
-        sl = slice(r * cp, (r + 1) * cp)
+        cp = sizes[r]
+        cost = costs[cp]
+        sl = slice(first, first + cp)
+        first += cp
         mb_times = []
         # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
         held: dict[int, dict[int, np.ndarray]] = {}
@@ -201,11 +212,11 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     if has_work and bound:  # a step over memory is held to the bound that ignores memory
         lengths = [plan.effective_length(p.sample) for rep in reps for mb in rep.micro_batches for p in mb.pieces
                    if p.start == 0]
-        world = len(reps) * cp
-        lb = step_lower_bound(np.asarray(lengths, dtype=np.float64), run_cost,
-                              degrees=[d for d in range(1, world + 1) if world % d == 0],
-                              split_len=plan.meta.get("overlong", {}).get("split_len"), memory=not oom)
-    return StepReport(step=index, cp=cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
+        bound_of = mixed_step_bound if step.mixed else step_lower_bound
+        lb = bound_of(np.asarray(lengths, dtype=np.float64), run_cost,
+                      degrees=[d for d in range(1, n_ranks + 1) if n_ranks % d == 0],
+                      split_len=plan.meta.get("overlong", {}).get("split_len"), memory=not oom)
+    return StepReport(step=index, cp=step.cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
                       bubble_ratio=max(bubbles, default=0.0),
                       replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
                       overlap_s=tuple(overlap.tolist()), idle_s=tuple((slowest - busy).tolist()),

@@ -1,0 +1,158 @@
+"""Steps whose replicas are CP groups of several sizes (Step.degrees): validation, JSON, simulation at each
+group's degree, the lower bound of such layouts against random ones, where a rank sits in such a step. Runtime parity: tests/test_context_parallel.py."""
+
+import numpy as np
+import pytest
+from helpers import make_cost
+
+from longpack.plan import MicroBatch, Piece, Plan, PlanError, Replica, Step
+from longpack.runtime.data import PlanSampler
+from longpack.sim import simulate
+from longpack.sim.bounds import mixed_step_bound
+
+
+def _step(groups, degrees, cap=100):
+    return Step(cp=max(degrees), token_cap=cap, degrees=tuple(degrees),
+                replicas=tuple(Replica(tuple(MicroBatch(tuple(Piece(*p) for p in mb)) for mb in g)) for g in groups))
+
+
+# world 4: a group of 2 (sample 0 sharded, sample 1 on its rank 1) and two groups of 1
+MIXED = Plan("t", 4, {0: 40, 1: 30, 2: 50, 3: 20}, (
+    _step([[[(0, 0, 40, None), (1, 0, 30, 1)]], [[(2, 0, 50, 0)]], [[(3, 0, 20, None)]]], (2, 1, 1)),))
+
+
+def test_mixed_step_validates_and_round_trips_and_uniform_json_is_unchanged():
+    MIXED.validate()
+    text = MIXED.to_json()
+    assert '"degrees":[2,1,1]' in text
+    assert Plan.from_json(text) == MIXED
+    uniform = Plan("t", 2, {0: 10}, (Step(cp=2, token_cap=10, replicas=(Replica((MicroBatch((Piece(0, 0, 10),)),)),)),))
+    uniform.validate()
+    assert "degrees" not in uniform.to_json()
+    assert not uniform.steps[0].mixed and MIXED.steps[0].mixed
+
+
+@pytest.mark.parametrize("degrees,cp,message", [
+    ((2, 1, 2), 2, "sum to 5, not world=4"),
+    ((3, 1, 1), 3, "degree 3 does not divide world=4"),
+    ((2, 1, 1), 1, "largest of degrees [2, 1, 1] is 2"),
+    ((2, 2), 2, "2 degrees for 3 replicas"),
+])
+def test_mixed_step_shape_is_checked(degrees, cp, message):
+    bad = Step(cp=cp, token_cap=100, degrees=degrees, replicas=MIXED.steps[0].replicas)
+    with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Plan("t", 4, MIXED.lengths, (bad,)).validate()
+
+
+def test_mixed_step_checks_ranks_and_capacity_at_each_groups_degree():
+    # cp_rank 1 is fine in the group of 2 and out of range in a group of 1
+    bad = _step([[[(0, 0, 40, None), (1, 0, 30, 1)]], [[(2, 0, 50, 1)]], [[(3, 0, 20, None)]]], (2, 1, 1))
+    with pytest.raises(PlanError, match=r"replica 1, micro-batch 0: sample 2 cp_rank=1 not in \[0, 1\)"):
+        Plan("t", 4, MIXED.lengths, (bad,)).validate()
+    # a sharded piece counts whole in a group of 1: 60 tokens > cap 50 there, 30 per rank in the group of 2
+    over = _step([[[(0, 0, 60, None)]], [[(1, 0, 30, 0)]], [[(2, 0, 60, None)]]], (2, 1, 1), cap=50)
+    with pytest.raises(PlanError, match="replica 2, micro-batch 0: CP rank 0 holds 60 tokens > token cap 50"):
+        Plan("t", 4, {0: 60, 1: 30, 2: 60}, (over,)).validate()
+
+
+def test_mixed_step_times_each_replica_at_its_groups_degree():
+    """A step on groups 4 + 2 + 2 (world 8): each replica takes what it takes in a step of its own degree."""
+    cost = make_cost("qwen2.5-0.5b", "h100", dp=1, cp=8)
+    cap = int(cost.token_cap())
+    wide = [[(0, 0, 20000, None), (1, 0, 3000, 2)], [(2, 0, 9000, None)]]
+    narrow_a = [[(3, 0, 8000, None), (4, 0, 2000, 1)], []]
+    narrow_b = [[(5, 0, 7000, 0)], [(6, 0, 6000, None)]]
+    lengths = {0: 20000, 1: 3000, 2: 9000, 3: 8000, 4: 2000, 5: 7000, 6: 6000}
+    mixed = Plan("t", 8, lengths, (_step([wide, narrow_a, narrow_b], (4, 2, 2), cap),))
+    mixed.validate()
+    rep = simulate(mixed, cost).steps[0]
+    empty = [[], []]
+    at4 = Plan("t", 8, lengths, (_step([wide, empty], (4, 4), cap),))
+    at2 = Plan("t", 8, lengths, (_step([narrow_a, narrow_b, empty, empty], (2, 2, 2, 2), cap),))
+    at4_rep = simulate(at4, cost, bounds=False).steps[0]
+    at2_rep = simulate(at2, cost, bounds=False).steps[0]
+    assert rep.replica_s == pytest.approx((at4_rep.replica_s[0], *at2_rep.replica_s[:2]), rel=1e-12)
+    assert rep.time_s == pytest.approx(max(rep.replica_s) + rep.allreduce_s, rel=1e-12)
+    assert len(rep.peak_mem_bytes) == 8 and rep.cp == 4
+    assert 0 < rep.lower_bound_s <= rep.time_s
+
+
+def _partition(rng: np.random.Generator, world: int) -> list[int]:
+    sizes = [d for d in range(1, world + 1) if world % d == 0]
+    out: list[int] = []
+    while sum(out) < world:
+        out.append(int(rng.choice([d for d in sizes if d <= world - sum(out)])))
+    return sorted(out, reverse=True)
+
+
+def _random_mixed_plan(rng: np.random.Generator, world: int, cap: int) -> Plan:
+    """Random groups, samples on random groups, sharded or on a random rank, whole or as a chain, random
+    checkpointing and recompute flags (as tests/test_bounds.py does for one degree)."""
+    degrees = _partition(rng, world)
+    n = int(rng.integers(2, 12))
+    lengths = rng.integers(50, 3 * cap, n)
+    depth = int(rng.integers(3, 7))
+    reps: list[list[list[Piece]]] = [[[] for _ in range(depth)] for _ in degrees]
+    flags = [(int(rng.integers(0, 25)), bool(rng.integers(0, 2))) for _ in range(depth)]
+    for sample, s in enumerate(lengths.tolist()):
+        g = int(rng.integers(0, len(degrees)))
+        d = degrees[g]
+        rank = None if d > 1 and rng.random() < 0.5 else int(rng.integers(0, d))
+        fewest = -(-s // (cap * d if rank is None else cap))
+        parts = int(rng.integers(fewest, fewest + 2)) if fewest < depth else depth
+        cuts = np.linspace(0, s, parts + 1).round().astype(int).tolist()
+        first = int(rng.integers(0, depth - parts + 1))
+        for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+            reps[g][first + k].append(Piece(sample, a, b, rank))
+    step = Step(cp=max(degrees), token_cap=cap, degrees=tuple(degrees), replicas=tuple(
+        Replica(tuple(MicroBatch(tuple(p), ckpt_layers=f[0], recompute=f[1] and bool(p)) for p, f in
+                      zip(mbs, flags, strict=True))) for mbs in reps))
+    return Plan("random", world, dict(enumerate(lengths.tolist())), (step,))
+
+
+@pytest.mark.parametrize("model,layout", [("qwen2.5-0.5b", (1, 8)), ("qwen2.5-7b", (2, 8)), ("qwen2.5-7b", (1, 4))])
+def test_mixed_bound_holds_for_random_layouts_on_groups_of_several_sizes(model, layout):
+    dp, cp = layout
+    cost = make_cost(model, "h100", dp=dp, cp=cp, token_cap=8000)
+    rng = np.random.default_rng(dp * 10 + cp)
+    checked = closest = 0.0
+    for _ in range(600):
+        plan = _random_mixed_plan(rng, dp * cp, 8000)
+        try:
+            plan.validate()
+        except PlanError:
+            continue
+        rep = simulate(plan, cost).steps[0]  # over memory: the bound that ignores memory
+        assert rep.lower_bound_s <= rep.time_s * (1 + 1e-12), plan.to_json()
+        checked += 1
+        closest = max(closest, rep.lower_bound_s / rep.time_s)
+    assert checked >= 60 and closest > 0.5  # held, and not by being far below every layout
+
+
+def test_mixed_bound_is_no_higher_than_a_uniform_plans_time():
+    """The bound of several sizes covers layouts of one degree too: below every planner's plan."""
+    from longpack import jobs
+
+    spec = jobs.RunSpec(workload="chunkflow-eval", samples=2000, model="qwen2.5-0.5b", dp=2, cp=8, global_batch=64,
+                        steps=3, seed=0)
+    lengths, max_len = jobs.load_workload(spec)
+    cost = jobs.build_cost(spec)
+    for planner in ("unified", "skrull", "fixed_cp"):
+        plan, _ = jobs.run_plan(planner, lengths, spec, cost, max_len)
+        report = simulate(plan, cost, bounds=False)
+        for step, rep in zip(plan.steps, report.steps, strict=True):
+            s = [plan.effective_length(p.sample) for r in step.replicas for mb in r.micro_batches for p in mb.pieces
+                 if p.start == 0]
+            bound = mixed_step_bound(np.asarray(s, dtype=np.float64), cost, degrees=[1, 2, 4, 8, 16])
+            assert 0 < bound <= rep.time_s, (planner, rep.step)
+
+
+def test_a_rank_finds_its_group_in_a_step_of_several_sizes():
+    step = Step(cp=4, token_cap=10, degrees=(2, 4, 1, 1), replicas=(Replica(),) * 4)
+    assert step.spans() == [(0, 2), (2, 4), (6, 1), (7, 1)]
+    assert [step.position(r) for r in range(8)] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (3, 0)]
+    uniform = Step(cp=4, token_cap=10, replicas=(Replica(),) * 2)
+    assert [uniform.position(r) for r in (0, 5, 7)] == [(0, 0), (1, 1), (1, 3)]
+    sampler = PlanSampler(MIXED, 3)
+    assert sampler.position(0) == (2, 0) and sampler.micro_batches(0) == MIXED.steps[0].replicas[2].micro_batches
+
