@@ -1,5 +1,6 @@
 """Steps whose replicas are CP groups of several sizes (Step.degrees): validation, JSON, simulation at each
-group's degree, the lower bound of such layouts against random ones, where a rank sits in such a step. Runtime parity: tests/test_context_parallel.py."""
+group's degree, the lower bound of such layouts against random ones, where a rank sits in such a step, and unified's
+``mixed_groups`` option. Runtime parity: tests/test_context_parallel.py."""
 
 import numpy as np
 import pytest
@@ -156,3 +157,28 @@ def test_a_rank_finds_its_group_in_a_step_of_several_sizes():
     sampler = PlanSampler(MIXED, 3)
     assert sampler.position(0) == (2, 0) and sampler.micro_batches(0) == MIXED.steps[0].replicas[2].micro_batches
 
+
+def test_unified_mixed_groups_option_regroups_steps_only_where_faster():
+    """``--opt mixed_groups=1``: the same plan, except steps the simulator says run faster on groups of several
+    sizes (0.5B chunkflow-eval at DP2·CP8: the third step, 8 -> 8 + 4 + 4); off by default."""
+    from longpack import jobs
+
+    def run(**options):
+        spec = jobs.RunSpec(workload="chunkflow-eval", samples=2000, model="qwen2.5-0.5b", dp=2, cp=8,
+                            global_batch=32, steps=3, seed=0, options=tuple(options.items()))
+        lengths, max_len = jobs.load_workload(spec)
+        cost = jobs.build_cost(spec)
+        plan, _ = jobs.run_plan("unified", lengths, spec, cost, max_len)
+        return plan, simulate(plan, cost)
+
+    plain, plain_rep = run()
+    off, _ = run(mixed_groups="0")
+    mixed, mixed_rep = run(mixed_groups="1")
+    assert off.steps == plain.steps and not any(s.degrees for s in plain.steps)
+    regrouped = [i for i, s in enumerate(mixed.steps) if s.mixed]
+    assert regrouped, "no step regrouped"
+    for i, (a, b) in enumerate(zip(plain_rep.steps, mixed_rep.steps, strict=True)):
+        if i in regrouped:
+            assert b.time_s < a.time_s and b.lower_bound_s <= b.time_s
+        else:
+            assert mixed.steps[i] == plain.steps[i]

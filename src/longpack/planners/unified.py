@@ -89,7 +89,9 @@ whichever is more; 0 turns it off, with balancing, repacking and trading: half t
 for 0.04% of step time there and 1.0% on 7B ChatQA2 at DP4·CP8), ``trades`` (most trades of pieces between replicas,
 per replica, in step 7; default 2; 0 turns them off: about a third less planning time on lmsys batches, for 0.04%
 of step time there and 0.05% on 7B ChatQA2 at DP4·CP8), ``shard_chains`` (0: chains only at CP degree 1 — what
-``longpack train`` sets, since the runtime runs chains at cp = 1 only).
+``longpack train`` sets, since the runtime runs chains at cp = 1 only), ``mixed_groups`` (1: then lay each step out
+again on CP groups of several sizes, one micro-batch per group, and keep that where the simulator says it is faster
+— planners/groups.py; default 0. Such steps are held to the weaker bound of layouts on several degrees).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ from ..plan import MicroBatch, Piece, Plan, Step
 from ..sim.bounds import min_ckpt
 from ..sim.simulate import _with_cp, micro_batch_times, simulate_step
 from .base import Batch, PlanContext, Planner, assemble_step, register
+from .groups import regroup
 from .packers import lpt
 
 __all__ = ["Unified", "Candidate"]
@@ -180,7 +183,10 @@ class Unified(Planner):
         best[1].repack = best[1].balance  # the chosen layout only: finalists are compared without it (planning time)
         trades = _count(ctx, "trades", str(SHIFTS))
         best[1].shifts = SHIFTS if trades is None else trades
-        return best[1].step()
+        step = best[1].step()
+        if _flag(ctx.option("mixed_groups", False)):
+            step = regroup(step, lengths, ctx.cost, self.name)
+        return step
 
     def _score(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext) -> tuple[bool, float]:
         """(over memory, simulated step time) of a layout."""
