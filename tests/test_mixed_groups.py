@@ -179,6 +179,8 @@ def test_unified_mixed_groups_option_regroups_steps_only_where_faster():
     assert regrouped, "no step regrouped"
     for i, (a, b) in enumerate(zip(plain_rep.steps, mixed_rep.steps, strict=True)):
         if i in regrouped:
-            assert b.time_s < a.time_s and b.lower_bound_s <= b.time_s
+            # faster, and held to the bound of such layouts: 0.955 of its time there (the split on the longest
+            # unit's group; 0.94 without it)
+            assert b.time_s < a.time_s and 0.9 * b.time_s <= b.lower_bound_s <= b.time_s
         else:
             assert mixed.steps[i] == plain.steps[i]

@@ -389,11 +389,19 @@ def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
       with C_g >= b_d·(its sharded tokens) for b_d the steepest minorant slope of the exchange at degree d (and
       the chord slope at T, as in :func:`exchange_bound`) and d·Λ_g >= Σ of its own samples' one-rank times;
       times d and summed over the groups, world·T >= Σ_i min(min_d d·(θ·b_d·s_i + shard_i(d)),
-      (1 − θ)·local_i) + world·h, a sample whose one-rank time exceeds T being sharded. The bound is the
-      crossing with T (bisection).
+      (1 − θ)·local_i) + world·h. In a plan of time T a sample runs on one rank only if its one-rank time fits T,
+      and sharded at degree d only if its share and exchange there do (shard_i(d) + exchange_i(d) + h <= T): the
+      minimum runs over those, here and in the spread (Σ_i of the least of local_i and d·shard_i(d) over them,
+      / world + h). The bound is the crossing with T (bisection).
+
+    * the longest unit's group: a sample i sits in a group of some degree d. If d is the whole world, the step is
+      one group, a layout of one degree, held by :func:`step_lower_bound` at that degree; otherwise the step takes
+      at least U_i(d) + h. So it takes at least the lesser of the two, for each of the ``SPLIT`` samples of longest
+      least unit (the largest of these bounds is kept).
 
     Weaker than :func:`step_lower_bound` for one degree (no pair, group or per-replica terms), and valid for
-    every layout of one degree too. Cost: O(samples · degrees · 40) after the forms."""
+    every layout of one degree too. Cost: O(samples · degrees · 40) after the forms, plus one bound of one degree
+    at the whole world."""
     if len(lengths) == 0:
         return 0.0
     s = np.asarray(lengths, dtype=np.float64)
@@ -413,17 +421,31 @@ def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
 
     def f(t: float) -> float:
         fits = local + h <= t
-        best = 0.0
+        # degrees a sample may run sharded at in a plan of time t: its share plus its exchange fit t
+        allowed = [(d, forms, b, chord, forms.shard + forms.exchange + h <= t) for d, forms, b, chord in found if d > 1]
+        spread = np.where(fits, local, np.inf)
+        for d, forms, _, _, ok in allowed:
+            spread = np.minimum(spread, np.where(ok, d * forms.shard, np.inf))
+        best = float(spread.sum()) / world
         for th in theta:
             cheapest = np.where(fits, (1.0 - th) * local, np.inf)
-            for d, forms, b, chord in found:
-                if d > 1:
-                    slope = max(b, chord(t - h)) if chord else b
-                    cheapest = np.minimum(cheapest, d * (th * slope * s + forms.shard))
+            for d, forms, b, chord, ok in allowed:
+                slope = max(b, chord(t - h)) if chord else b
+                cheapest = np.minimum(cheapest, np.where(ok, d * (th * slope * s + forms.shard), np.inf))
             best = max(best, float(cheapest.sum()) / world)
         return best + h
 
-    return crossing(f, known, 40) + cost.grad_allreduce_s()
+    best = crossing(f, known, 40)
+    world_forms = next((forms for d, forms, _, _ in found if d == world), None)
+    if world_forms is not None and world > 1 and len(found) > 1:
+        whole = step_lower_bound(s, cost, degrees=[world], split_len=split_len, memory=memory) - cost.grad_allreduce_s()
+        units = np.array([forms.unit for d, forms, _, _ in found if d < world])  # degrees below the world
+        for i in np.argsort(-unit, kind="stable")[:SPLIT].tolist():
+            best = max(best, min(whole, float(units[:, i].min()) + h))
+    return best + cost.grad_allreduce_s()
+
+
+SPLIT = 4  # samples of longest unit whose group the mixed bound splits on (each: one more valid bound)
 
 
 PAIR_LIMIT = 256  # replicas up to which the pair bound is computed (O(replicas²) pairs)
