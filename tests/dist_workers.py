@@ -171,8 +171,8 @@ def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
     plan.validate()
     step = plan.steps[0]
     groups = CPGroups.for_plan(plan, world)
-    replica, cp_rank = step.position(rank)
-    cp, group = groups.of(step, rank)
+    replica, _ = step.position(rank)
+    cp, cp_rank, group = groups.of(step, rank)
     model = make_model()
     loss, _ = run_micro_batches(model, plan, 0, step.replicas[replica].micro_batches,
                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=cp)

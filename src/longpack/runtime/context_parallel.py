@@ -95,14 +95,14 @@ class CPGroups:
     def group(self, cp: int, rank: int) -> dist.ProcessGroup | None:
         return self.groups[cp][rank // cp]
 
-    def of(self, step: Step, rank: int) -> tuple[int, dist.ProcessGroup | None]:
-        """(degree, process group) of ``rank``'s replica in ``step``."""
+    def of(self, step: Step, rank: int) -> tuple[int, int, dist.ProcessGroup | None]:
+        """(degree, CP rank, process group) of ``rank`` in its replica of ``step``."""
         replica, cp_rank = step.position(rank)
         cp = step.replica_cp(replica)
         first = rank - cp_rank
         if cp <= 1:
-            return cp, None
-        return cp, self.spans[(first, cp)] if first % cp else self.groups[cp][first // cp]
+            return cp, cp_rank, None
+        return cp, cp_rank, self.spans[(first, cp)] if first % cp else self.groups[cp][first // cp]
 
 
 class _AllGather(torch.autograd.Function):

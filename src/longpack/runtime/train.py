@@ -108,8 +108,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     for step, mbs in sampler:
         t0 = time.perf_counter()
-        _, cp_rank = plan.steps[step].position(ctx.rank)
-        cp, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, None)
+        cp, cp_rank, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, 0, None)
         loss, tokens = run_micro_batches(model, plan, step, mbs, corpus, mode=args.loss, device=ctx.device,
                                          cp_rank=cp_rank, cp_group=group, cp=cp)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]

@@ -436,8 +436,7 @@ def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         return best + h
 
     best = crossing(f, known, 40)
-    world_forms = next((forms for d, forms, _, _ in found if d == world), None)
-    if world_forms is not None and world > 1 and len(found) > 1:
+    if world > 1 and any(d == world for d, *_ in found) and len(found) > 1:
         whole = step_lower_bound(s, cost, degrees=[world], split_len=split_len, memory=memory) - cost.grad_allreduce_s()
         units = np.array([forms.unit for d, forms, _, _ in found if d < world])  # degrees below the world
         for i in np.argsort(-unit, kind="stable")[:SPLIT].tolist():
