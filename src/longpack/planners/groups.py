@@ -4,8 +4,8 @@ Table 12), for the unified planner's ``mixed_groups`` option.
 One CP degree per step makes every sharded sample pay the exchange of the widest group the step needs: on
 chunkflow-eval at DP32·CP8 a 260K-token sample needs CP 128, and the 11-77K samples beside it then exchange over
 groups of 128 too. :func:`regroup` keeps the planner's choice of which samples to shard and tries, for every split of
-the world into at most ``PARTS`` groups whose sizes divide it, one greedy layout, one micro-batch per group at the
-step's checkpointing:
+the world of :func:`shapes` (at most ``PARTS`` groups whose sizes divide it, or one or two wide groups and many narrow
+ones), one greedy layout, one micro-batch per group at the step's checkpointing:
 
 1. the sharded samples, longest first, each to the group whose micro-batch gets least slower (simulator times);
 2. the others, longest first, each to the rank (of any group) that finishes first by Eq. 2 — its own work hides
@@ -14,12 +14,14 @@ step's checkpointing:
 The fastest layout in the simulator replaces the step when it is faster. Steps with chains, or whose samples do not
 fit one micro-batch per group, stay as they are. Guarantees: the result is a valid Step (coverage, the token cap on
 every rank) and never slower in the simulator than the step given. Cost: per split, O(sharded samples × groups)
-micro-batch timings + O(own samples × groups) + one step simulation, for each split into groups of more than one
-size: 34 of a world of 256 (about 10-20 s a DP32·CP8 step on these CPUs), 27 of a world of 32.
+micro-batch timings (groups of one degree with the same sharded samples timed once) + O(own samples × world) +
+one step simulation, for each split of :func:`shapes`: 86 of a world of 256 (about 12 s a DP32·CP8 step of 2,048
+samples on these CPUs), 46 of a world of 32.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -28,7 +30,7 @@ from ..cost import CostModel
 from ..plan import MicroBatch, Piece, Plan, Replica, Step
 from ..sim.simulate import micro_batch_times, simulate_step
 
-__all__ = ["PARTS", "partitions", "regroup", "layout_on_groups"]
+__all__ = ["PARTS", "partitions", "shapes", "regroup", "layout_on_groups"]
 
 PARTS = 8  # most groups in one step
 
@@ -52,7 +54,7 @@ def partitions(world: int, sizes: list[int], parts: int = PARTS) -> list[tuple[i
 
 
 class _Group:
-    """One CP group being filled: its degree, sharded samples and per-rank own samples."""
+    """One CP group being filled: its degree, sharded samples and (at the end) per-rank own samples."""
 
     def __init__(self, cost: CostModel, degree: int, world: int) -> None:
         self.d = degree
@@ -60,8 +62,6 @@ class _Group:
                                                                  replace(cost.cfg, cp=degree, dp=world // degree))
         self.shared: list[tuple[int, int]] = []  # (sample, length)
         self.own: list[list[tuple[int, int]]] = [[] for _ in range(degree)]
-        self.own_tokens = np.zeros(degree)
-        self.own_s = np.zeros(degree)
         self.share_tokens = 0.0
 
     def micro_batch(self, ckpt: int, extra: tuple[int, int] | None = None) -> MicroBatch:
@@ -70,21 +70,13 @@ class _Group:
         pieces += [Piece(i, 0, n, r) for r, xs in enumerate(self.own) for i, n in xs]
         return MicroBatch(tuple(pieces), ckpt_layers=ckpt)
 
-    def time(self, ckpt: int, cap: int, extra: tuple[int, int] | None = None) -> tuple[float, float, float]:
-        """(micro-batch time, K/V exchange, shared compute) with ``extra`` sharded too; inf over the cap."""
-        mb = self.micro_batch(ckpt, extra)
-        if not mb.pieces:
-            return 0.0, 0.0, 0.0
-        t, _, dist, comm, tokens, _ = micro_batch_times(mb, self.d, self.cost)
-        if float(np.max(tokens)) > cap:
-            return np.inf, np.inf, np.inf
-        return float(t.max()), float(comm[0]), float(dist[0])
-
 
 def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel,
                      degrees: tuple[int, ...]) -> Step | None:
     """The greedy layout of ``step``'s samples on groups of ``degrees`` (module docstring); None when it does not
-    fit one micro-batch per group."""
+    fit one micro-batch per group. A group's exchange and shared compute depend on its sharded samples only, so
+    groups of one degree holding the same ones are timed once, and own samples go to the best rank of the whole
+    world in one vectorised pass each."""
     world = sum(degrees)
     ckpt = max((mb.ckpt_layers for r in step.replicas for mb in r.micro_batches), default=0)
     cap = step.token_cap
@@ -92,41 +84,87 @@ def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel,
     pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
     shared = sorted({p.sample for p in pieces if p.cp_rank is None}, key=lambda i: (-lengths[i], i))
     own = sorted({p.sample for p in pieces if p.cp_rank is not None}, key=lambda i: (-lengths[i], i))
+    memo: dict[tuple, tuple[float, float, float]] = {}
 
-    def share(i: int) -> bool:
-        best = min((g.time(ckpt, cap, (i, lengths[i]))[0], -g.d, k) for k, g in enumerate(groups))
+    def timed(k: int, extra: tuple[int, int] | None = None) -> tuple[float, float, float]:
+        """(time, K/V exchange, shared compute) of group k's sharded samples (and ``extra``); inf over the cap."""
+        g = groups[k]
+        key = (g.d, *g.shared, extra)
+        if key not in memo:
+            shares = g.shared + ([extra] if extra else [])
+            mb = MicroBatch(tuple(Piece(i, 0, n, None) for i, n in shares), ckpt_layers=ckpt)
+            if not mb.pieces:
+                memo[key] = (0.0, 0.0, 0.0)
+            else:
+                time, _, dist, comm, tokens, _ = micro_batch_times(mb, g.d, g.cost)
+                memo[key] = ((np.inf, np.inf, np.inf) if float(np.max(tokens)) > cap
+                             else (float(time.max()), float(comm[0]), float(dist[0])))
+        return memo[key]
+
+    held = np.zeros(len(groups))  # most own tokens on one rank of each group
+
+    def share(i: int) -> int:
+        """Shard sample i on the group it slows least (within the cap); its index, or -1."""
+        n = lengths[i]
+        best = min(((timed(k, (i, n))[0] if g.share_tokens + math.ceil(n / g.d) + held[k] <= cap else np.inf,
+                    -g.d, k) for k, g in enumerate(groups)))
         if not np.isfinite(best[0]):
-            return False
+            return -1
         g = groups[best[2]]
-        g.shared.append((i, lengths[i]))
-        g.share_tokens += float(np.ceil(lengths[i] / g.d))
-        return True
+        g.shared.append((i, n))
+        g.share_tokens += math.ceil(n / g.d)
+        return best[2]
 
-    if not all(share(i) for i in shared):
+    if any(share(i) < 0 for i in shared):
         return None
-    base = [g.time(ckpt, cap) for g in groups]
+    of_rank = np.repeat(np.arange(len(groups)), degrees)
+    comm = np.array([timed(k)[1] for k in range(len(groups))])
+    dist = np.array([timed(k)[2] for k in range(len(groups))])
+    share_tok = np.array([g.share_tokens for g in groups])
+    own_s, own_tok = np.zeros(world), np.zeros(world)
+    placed: list[list[tuple[int, int]]] = [[] for _ in range(world)]
     for i in own:
         n = lengths[i]
-        best: tuple[float, int, int, float] | None = None
-        for k, g in enumerate(groups):
-            r = int(np.argmin(g.own_s))
-            if g.share_tokens + g.own_tokens[r] + n > cap:
-                continue
-            alone = float(g.cost.sequence_s(n))
-            finish = max(base[k][1], g.own_s[r] + alone) + base[k][2]
-            if best is None or finish < best[0]:
-                best = (finish, k, r, alone)
-        if best is None:
-            if not share(i):
-                return None
-            base = [g.time(ckpt, cap) for g in groups]
+        alone = float(cost.sequence_s(n))  # one rank's time: the same in every group
+        finish = np.maximum(comm[of_rank], own_s + alone) + dist[of_rank]  # Eq. 2: own work hides under the exchange
+        finish[share_tok[of_rank] + own_tok + n > cap] = np.inf
+        r = int(np.argmin(finish))
+        if np.isfinite(finish[r]):
+            placed[r].append((i, n))
+            own_tok[r] += n
+            own_s[r] += alone
+            held[of_rank[r]] = max(held[of_rank[r]], own_tok[r])
             continue
-        _, k, r, alone = best
-        groups[k].own[r].append((i, n))
-        groups[k].own_tokens[r] += n
-        groups[k].own_s[r] += alone
+        k = share(i)
+        if k < 0:
+            return None
+        _, comm[k], dist[k] = timed(k)
+        share_tok[k] = groups[k].share_tokens
+    first = 0
+    for g in groups:
+        g.own = placed[first:first + g.d]
+        first += g.d
     return Step(cp=max(degrees), token_cap=cap, group=step.group, degrees=degrees,
                 replicas=tuple(Replica((g.micro_batch(ckpt),)) for g in groups))
+
+
+def shapes(world: int) -> list[tuple[int, ...]]:
+    """The group sizes :func:`regroup` tries: every split into at most ``PARTS`` groups whose sizes divide the
+    world, and every split into one or two wide groups (at least world / ``WIDE``) plus groups of one size up to
+    ``NARROW`` for the rest (many small groups: samples that fit a node exchange over NVLink). Only splits into more
+    than one size, each once, largest first."""
+    sizes = [d for d in range(world, 0, -1) if world % d == 0]
+    out = set(partitions(world, sizes))
+    wide = [d for d in sizes if d * WIDE >= world and d < world]
+    heads = [(a,) for a in wide] + [(a, b) for a in wide for b in wide if b <= a and a + b < world]
+    for head in heads:
+        left = world - sum(head)
+        out.update(head + (q,) * (left // q) for q in sizes if q <= NARROW and q < min(head) and left % q == 0)
+    return sorted((s for s in out if len(set(s)) > 1), reverse=True)
+
+
+WIDE = 16  # a wide group of a head holds at least world / WIDE ranks
+NARROW = 8  # the narrow groups of a tail hold at most this many ranks (one node)
 
 
 def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str = "unified") -> Step:
@@ -137,9 +175,7 @@ def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str =
         return step
     plan = Plan(planner=planner, world=world, lengths=lengths, steps=(step,))
     best, best_s = step, simulate_step(0, step, plan, cost, bound=False).time_s
-    for degrees in partitions(world, [d for d in range(world, 0, -1) if world % d == 0]):
-        if len(set(degrees)) == 1:  # one size: a layout of one degree, the planner's own business
-            continue
+    for degrees in shapes(world):
         laid = layout_on_groups(step, lengths, cost, degrees)
         if laid is None:
             continue
