@@ -64,9 +64,8 @@ class _Group:
         self.own: list[list[tuple[int, int]]] = [[] for _ in range(degree)]
         self.share_tokens = 0.0
 
-    def micro_batch(self, ckpt: int, extra: tuple[int, int] | None = None) -> MicroBatch:
-        shared = self.shared + ([extra] if extra else [])
-        pieces = [Piece(i, 0, n, None) for i, n in shared]
+    def micro_batch(self, ckpt: int) -> MicroBatch:
+        pieces = [Piece(i, 0, n, None) for i, n in self.shared]
         pieces += [Piece(i, 0, n, r) for r, xs in enumerate(self.own) for i, n in xs]
         return MicroBatch(tuple(pieces), ckpt_layers=ckpt)
 
