@@ -55,13 +55,13 @@ def load_bars(plan: Plan, s: StepReport) -> str:
 
 def gantt(plan: Plan, cost: CostModel, step: int, max_ranks: int = 16) -> str:
     st = plan.steps[step]
-    world = sum(st.replica_cp(r) for r in range(len(st.replicas)))
+    spans = st.spans()  # (first rank, degree) of each replica's group
+    world = sum(d for _, d in spans)
     fig, ax = plt.subplots(figsize=(8, 0.3 * min(max_ranks, world) + 1))
     row = 0
-    for r, rep in enumerate(st.replicas):
+    for rep, (_, cp) in zip(st.replicas, spans, strict=True):
         if row >= max_ranks:
             break
-        cp = st.replica_cp(r)
         at = cost if cost.cfg.cp == cp else _with_cp(cost, cp, world // cp)  # the exchange spans this group
         t0 = np.zeros(cp)
         for mb in rep.micro_batches:

@@ -149,9 +149,9 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     memoised copy; it must not differ from it)."""
     reps = step.replicas
     run_cost = cost
-    sizes = [step.replica_cp(r) for r in range(len(reps))]
-    n_ranks = sum(sizes)
-    costs = {d: cost if cost.cfg.cp == d else _with_cp(cost, d, n_ranks // d) for d in set(sizes)}
+    spans = step.spans()  # (first rank, degree) of each replica's group
+    n_ranks = sum(d for _, d in spans)
+    costs = {d: cost if cost.cfg.cp == d else _with_cp(cost, d, n_ranks // d) for _, d in spans}
     if step.mixed:
         times = None  # a planner's memo is for one degree
     busy = np.zeros(n_ranks)
@@ -160,12 +160,9 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     overlap = np.zeros(n_ranks)
     peak = np.zeros(n_ranks)
     replica_s, bubbles = [], []
-    first = 0
-    for r, rep in enumerate(reps):
-        cp = sizes[r]
+    for rep, (first, cp) in zip(reps, spans, strict=True):
         cost = costs[cp]
         sl = slice(first, first + cp)
-        first += cp
         mb_times = []
         # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
         held: dict[int, dict[int, np.ndarray]] = {}
