@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import make_cost
+from helpers import make_cost, random_layout
 
 from longpack.plan import MicroBatch, Piece, Plan, PlanError, Replica, Step
 from longpack.sim import simulate
@@ -14,28 +14,9 @@ from longpack.sim.bounds import per_micro_batch_s as per_mb
 
 
 def _random_plan(rng: np.random.Generator, world: int, cap: int) -> tuple[Plan, int]:
-    """A random step: random CP degree, samples on random replicas, sharded or on a random rank, whole or as a
-    chain of pieces in increasing micro-batches, random checkpointing and recompute flags."""
-    degrees = [d for d in range(1, world + 1) if world % d == 0]
-    d = int(rng.choice(degrees))
-    n = int(rng.integers(2, 12))
-    lengths = rng.integers(50, 3 * cap, n)
-    depth = int(rng.integers(3, 7))
-    reps: list[list[list[Piece]]] = [[[] for _ in range(depth)] for _ in range(world // d)]
-    flags = [(int(rng.integers(0, 25)), bool(rng.integers(0, 2))) for _ in range(depth)]
-    for sample, s in enumerate(lengths.tolist()):
-        g = int(rng.integers(0, world // d))
-        rank = None if d > 1 and rng.random() < 0.5 else int(rng.integers(0, d))
-        fewest = -(-s // (cap * d if rank is None else cap))  # pieces the token cap needs
-        parts = int(rng.integers(fewest, fewest + 2)) if fewest < depth else depth
-        bounds = np.linspace(0, s, parts + 1).round().astype(int).tolist()
-        first = int(rng.integers(0, depth - parts + 1))
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-            reps[g][first + k].append(Piece(sample, a, b, rank))
-    step = Step(cp=d, token_cap=cap, replicas=tuple(
-        Replica(tuple(MicroBatch(tuple(p), ckpt_layers=f[0], recompute=f[1] and bool(p)) for p, f in
-                      zip(mbs, flags, strict=True))) for mbs in reps))
-    return Plan("random", world, dict(enumerate(lengths.tolist())), (step,)), d
+    """A random step of a random CP degree (helpers.random_layout)."""
+    d = int(rng.choice([d for d in range(1, world + 1) if world % d == 0]))
+    return random_layout(rng, [d] * (world // d), cap), d
 
 
 @pytest.mark.parametrize("model,layout", [("qwen2.5-0.5b", (2, 4)), ("qwen2.5-7b", (1, 8)), ("qwen2.5-0.5b", (4, 1)),

@@ -4,7 +4,7 @@ group's degree, the lower bound of such layouts against random ones, where a ran
 
 import numpy as np
 import pytest
-from helpers import make_cost
+from helpers import make_cost, random_layout
 
 from longpack.plan import MicroBatch, Piece, Plan, PlanError, Replica, Step
 from longpack.runtime.data import PlanSampler
@@ -87,28 +87,8 @@ def _partition(rng: np.random.Generator, world: int) -> list[int]:
 
 
 def _random_mixed_plan(rng: np.random.Generator, world: int, cap: int) -> Plan:
-    """Random groups, samples on random groups, sharded or on a random rank, whole or as a chain, random
-    checkpointing and recompute flags (as tests/test_bounds.py does for one degree)."""
-    degrees = _partition(rng, world)
-    n = int(rng.integers(2, 12))
-    lengths = rng.integers(50, 3 * cap, n)
-    depth = int(rng.integers(3, 7))
-    reps: list[list[list[Piece]]] = [[[] for _ in range(depth)] for _ in degrees]
-    flags = [(int(rng.integers(0, 25)), bool(rng.integers(0, 2))) for _ in range(depth)]
-    for sample, s in enumerate(lengths.tolist()):
-        g = int(rng.integers(0, len(degrees)))
-        d = degrees[g]
-        rank = None if d > 1 and rng.random() < 0.5 else int(rng.integers(0, d))
-        fewest = -(-s // (cap * d if rank is None else cap))
-        parts = int(rng.integers(fewest, fewest + 2)) if fewest < depth else depth
-        cuts = np.linspace(0, s, parts + 1).round().astype(int).tolist()
-        first = int(rng.integers(0, depth - parts + 1))
-        for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
-            reps[g][first + k].append(Piece(sample, a, b, rank))
-    step = Step(cp=max(degrees), token_cap=cap, degrees=tuple(degrees), replicas=tuple(
-        Replica(tuple(MicroBatch(tuple(p), ckpt_layers=f[0], recompute=f[1] and bool(p)) for p, f in
-                      zip(mbs, flags, strict=True))) for mbs in reps))
-    return Plan("random", world, dict(enumerate(lengths.tolist())), (step,))
+    """A random layout on random groups (helpers.random_layout, as tests/test_bounds.py does for one degree)."""
+    return random_layout(rng, _partition(rng, world), cap)
 
 
 @pytest.mark.parametrize("model,layout", [("qwen2.5-0.5b", (1, 8)), ("qwen2.5-7b", (2, 8)), ("qwen2.5-7b", (1, 4))])
