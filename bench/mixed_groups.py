@@ -3,13 +3,13 @@
     python bench/mixed_groups.py [--cells qwen2.5-7b:32:chunkflow-eval ...] [--steps 4] [--write]
 
 A step's replicas may be CP groups of several sizes (``Step.degrees``, FlexSP's heterogeneous groups: PAPERS.md,
-HBP's Table 12). The unified planner makes such steps under ``--opt mixed_groups=1`` (planners/groups.py: its
+HBP's Table 12). The unified planner makes such steps by default (``--opt mixed_groups``, planners/groups.py: its
 sharding kept, one greedy layout per split of the world, one micro-batch per group, kept where the simulator says
-it is faster). This script plans each cell with unified once, applies that same step (``groups.regroup``) to every
-step, and simulates both plans side by side: time, efficiency, and the groups each step ends on. The regrouped
-plan's mixed steps are held to the bound of such layouts (``bounds.mixed_step_bound``), weaker than that of one
-degree, so the two efficiencies are not comparable. Cost: unified's planning plus ``regroup`` per step (10-20 s
-a DP32·CP8 step).
+it is faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step), applies that
+option's step (``groups.regroup``) to every step, and simulates both plans side by side: time, efficiency, and the
+groups each step ends on. The regrouped plan's mixed steps are held to the bound of such layouts
+(``bounds.mixed_step_bound``), weaker than that of one degree, so the two efficiencies are not comparable. Cost:
+unified's planning plus ``regroup`` per step (10-20 s a DP32·CP8 step).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def cell(name: str, steps: int) -> tuple[str, list[tuple[float, float, tuple[int
     its degrees); and both plans' efficiency."""
     model, dp, workload = name.split(":")
     spec = jobs.RunSpec(workload=workload, samples=20000, model=model, hardware="h100", dp=int(dp), cp=8,
-                        global_batch=64 * int(dp), steps=steps, seed=0)
+                        global_batch=64 * int(dp), steps=steps, seed=0, options=(("mixed_groups", "0"),))
     lengths, max_len = jobs.load_workload(spec)
     cost = jobs.build_cost(spec)
     plan, _ = jobs.run_plan("unified", lengths, spec, cost, max_len)
@@ -71,12 +71,13 @@ def main() -> None:
                       shapes))
         print(*table[-1], flush=True)
     if args.write:
-        body = ("| cell (model:DP:workload, CP 8) | unified, s | efficiency | regrouped, s | efficiency "
-                "| ratio | groups per step |\n"
+        body = ("| cell (model:DP:workload, CP 8) | unified, one degree a step, s | efficiency | regrouped, s "
+                "| efficiency | ratio | groups per step |\n"
                 "|---|---|---|---|---|---|---|\n"
                 + "\n".join("| " + " | ".join(r) + " |" for r in table)
-                + "\n\nH100 cost model, 64·DP samples a step, the first steps of each workload (seed 0). Regrouped: "
-                "each step of unified's plan after `--opt mixed_groups=1`'s step (planners/groups.py): its sharding "
+                + "\n\nH100 cost model, 64·DP samples a step, the first steps of each workload (seed 0). First: "
+                "unified under `--opt mixed_groups=0`. Regrouped: each of its steps after the step the default "
+                "`mixed_groups=1` adds (planners/groups.py), which is unified's default plan: its sharding "
                 "kept, laid out greedily on groups of several CP degrees, one micro-batch per group, where faster. "
                 "Its efficiency holds those steps to the bound of layouts on several degrees, which is weaker than "
                 "that of one degree (no pair, group or per-replica terms), so the two efficiencies are not "

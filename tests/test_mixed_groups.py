@@ -139,8 +139,9 @@ def test_a_rank_finds_its_group_in_a_step_of_several_sizes():
 
 
 def test_unified_mixed_groups_option_regroups_steps_only_where_faster():
-    """``--opt mixed_groups=1``: the same plan, except steps the simulator says run faster on groups of several
-    sizes (0.5B chunkflow-eval at DP2·CP8: the third step, 8 -> 8 + 4 + 4); off by default."""
+    """``--opt mixed_groups`` (on by default): the plan of ``mixed_groups=0``, except steps the simulator says run
+    faster on groups of several sizes (0.5B chunkflow-eval at DP2·CP8: the third step, 8 -> 8 + 4 + 4); with
+    ``--opt degrees``, only groups of those sizes."""
     from longpack import jobs
 
     def run(**options):
@@ -151,10 +152,10 @@ def test_unified_mixed_groups_option_regroups_steps_only_where_faster():
         plan, _ = jobs.run_plan("unified", lengths, spec, cost, max_len)
         return plan, simulate(plan, cost)
 
-    plain, plain_rep = run()
-    off, _ = run(mixed_groups="0")
-    mixed, mixed_rep = run(mixed_groups="1")
-    assert off.steps == plain.steps and not any(s.degrees for s in plain.steps)
+    plain, plain_rep = run(mixed_groups="0")
+    on, _ = run(mixed_groups="1")
+    mixed, mixed_rep = run()
+    assert on.steps == mixed.steps and not any(s.degrees for s in plain.steps)
     regrouped = [i for i, s in enumerate(mixed.steps) if s.mixed]
     assert regrouped, "no step regrouped"
     for i, (a, b) in enumerate(zip(plain_rep.steps, mixed_rep.steps, strict=True)):
@@ -164,3 +165,7 @@ def test_unified_mixed_groups_option_regroups_steps_only_where_faster():
             assert b.time_s < a.time_s and 0.9 * b.time_s <= b.lower_bound_s <= b.time_s
         else:
             assert mixed.steps[i] == plain.steps[i]
+    narrow, _ = run(degrees="8,4")
+    assert any(s.mixed for s in narrow.steps) and all(set(s.degrees) <= {8, 4} for s in narrow.steps)
+    one, _ = run(degrees="8")
+    assert not any(s.mixed for s in one.steps)

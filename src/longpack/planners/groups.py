@@ -147,12 +147,12 @@ def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel,
                 replicas=tuple(Replica((g.micro_batch(ckpt),)) for g in groups))
 
 
-def shapes(world: int) -> list[tuple[int, ...]]:
+def shapes(world: int, allowed: list[int] | None = None) -> list[tuple[int, ...]]:
     """The group sizes :func:`regroup` tries: every split into at most ``PARTS`` groups whose sizes divide the
-    world, and every split into one or two wide groups (at least world / ``WIDE``) plus groups of one size up to
-    ``NARROW`` for the rest (many small groups: samples that fit a node exchange over NVLink). Only splits into more
-    than one size, each once, largest first."""
-    sizes = [d for d in range(world, 0, -1) if world % d == 0]
+    world (and are in ``allowed`` when given), and every split into one or two wide groups (at least world /
+    ``WIDE``) plus groups of one size up to ``NARROW`` for the rest (many small groups: samples that fit a node
+    exchange over NVLink). Only splits into more than one size, each once, largest first."""
+    sizes = [d for d in range(world, 0, -1) if world % d == 0 and (allowed is None or d in allowed)]
     out = set(partitions(world, sizes))
     wide = [d for d in sizes if d * WIDE >= world and d < world]
     heads = [(a,) for a in wide] + [(a, b) for a in wide for b in wide if b <= a and a + b < world]
@@ -166,15 +166,19 @@ WIDE = 16  # a wide group of a head holds at least world / WIDE ranks
 NARROW = 8  # the narrow groups of a tail hold at most this many ranks (one node)
 
 
-def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str = "unified") -> Step:
-    """``step``, or the fastest of its layouts on groups of several sizes when one is faster in the simulator."""
+def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str = "unified",
+            sizes: list[int] | None = None) -> Step:
+    """``step``, or the fastest of its layouts on groups of several sizes (of ``sizes`` when given) when one is
+    faster in the simulator. A step that shards no sample stays: without an exchange, a group's size changes
+    nothing."""
     world = cost.cfg.dp * cost.cfg.cp
-    if cost.cfg.pp > 1 or any(p.start > 0 or p.stop < lengths[p.sample]
-                              for r in step.replicas for mb in r.micro_batches for p in mb.pieces):
+    pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
+    if (cost.cfg.pp > 1 or all(p.cp_rank is not None for p in pieces)
+            or any(p.start > 0 or p.stop < lengths[p.sample] for p in pieces)):
         return step
     plan = Plan(planner=planner, world=world, lengths=lengths, steps=(step,))
     best, best_s = step, simulate_step(0, step, plan, cost, bound=False).time_s
-    for degrees in shapes(world):
+    for degrees in shapes(world, sizes):
         laid = layout_on_groups(step, lengths, cost, degrees)
         if laid is None:
             continue

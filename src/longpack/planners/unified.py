@@ -89,9 +89,10 @@ whichever is more; 0 turns it off, with balancing, repacking and trading: half t
 for 0.04% of step time there and 1.0% on 7B ChatQA2 at DP4·CP8), ``trades`` (most trades of pieces between replicas,
 per replica, in step 7; default 2; 0 turns them off: about a third less planning time on lmsys batches, for 0.04%
 of step time there and 0.05% on 7B ChatQA2 at DP4·CP8), ``shard_chains`` (0: chains only at CP degree 1 — what
-``longpack train`` sets, since the runtime runs chains at cp = 1 only), ``mixed_groups`` (1: then lay each step out
-again on CP groups of several sizes, one micro-batch per group, and keep that where the simulator says it is faster
-— planners/groups.py; default 0. Such steps are held to the weaker bound of layouts on several degrees).
+``longpack train`` sets, since the runtime runs chains at cp = 1 only), ``mixed_groups`` (default 1: then lay each
+step that shards a sample out again on CP groups of several sizes — of ``degrees`` when given — one micro-batch per
+group, and keep that where the simulator says it is faster — planners/groups.py; 0 keeps one degree a step. Such
+steps are held to the weaker bound of layouts on several degrees).
 """
 
 from __future__ import annotations
@@ -184,8 +185,9 @@ class Unified(Planner):
         trades = _count(ctx, "trades", str(SHIFTS))
         best[1].shifts = SHIFTS if trades is None else trades
         step = best[1].step()
-        if _flag(ctx.option("mixed_groups", False)):
-            step = regroup(step, lengths, ctx.cost, self.name)
+        if _flag(ctx.option("mixed_groups", True)):  # only the degrees of --opt degrees, when given
+            step = regroup(step, lengths, ctx.cost, self.name, _numbers(ctx, "degrees", int, "8,4,2,1", "integers")
+                           or None)
         return step
 
     def _score(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext) -> tuple[bool, float]:
