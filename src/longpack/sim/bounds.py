@@ -376,7 +376,7 @@ REFINED = 2  # degrees per step the per-replica program runs on (each: up to 2 +
 
 
 def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int] | None = None,
-                     split_len: int | None = None, memory: bool = True) -> float:
+                     split_len: int | None = None, memory: bool = True, split: bool = True) -> float:
     """Lower bound on the time of one step whose replicas may be CP groups of several sizes (Step.degrees): any
     split of the world into groups whose degrees are among ``degrees`` (default: the cost model's).
 
@@ -401,7 +401,7 @@ def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
 
     Weaker than :func:`step_lower_bound` for one degree (no pair, group or per-replica terms), and valid for
     every layout of one degree too. Cost: O(samples · degrees · 40) after the forms, plus one bound of one degree
-    at the whole world."""
+    at the whole world (``split=False`` leaves that term out: a weaker bound, a few ms for a planner's test)."""
     if len(lengths) == 0:
         return 0.0
     s = np.asarray(lengths, dtype=np.float64)
@@ -427,16 +427,16 @@ def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         for d, forms, _, _, ok in allowed:
             spread = np.minimum(spread, np.where(ok, d * forms.shard, np.inf))
         best = float(spread.sum()) / world
+        slopes = [max(b, chord(t - h)) if chord else b for _, _, b, chord, _ in allowed]  # the same for every θ
         for th in theta:
             cheapest = np.where(fits, (1.0 - th) * local, np.inf)
-            for d, forms, b, chord, ok in allowed:
-                slope = max(b, chord(t - h)) if chord else b
+            for (d, forms, _, _, ok), slope in zip(allowed, slopes, strict=True):
                 cheapest = np.minimum(cheapest, np.where(ok, d * (th * slope * s + forms.shard), np.inf))
             best = max(best, float(cheapest.sum()) / world)
         return best + h
 
     best = crossing(f, known, 40)
-    if world > 1 and any(d == world for d, *_ in found) and len(found) > 1:
+    if split and world > 1 and any(d == world for d, *_ in found) and len(found) > 1:
         whole = step_lower_bound(s, cost, degrees=[world], split_len=split_len, memory=memory) - cost.grad_allreduce_s()
         units = np.array([forms.unit for d, forms, _, _ in found if d < world])  # degrees below the world
         for i in np.argsort(-unit, kind="stable")[:SPLIT].tolist():
