@@ -11,12 +11,20 @@ ones), one greedy layout, one micro-batch per group at the step's checkpointing:
 2. the others, longest first, each to the rank (of any group) that finishes first by Eq. 2 — its own work hides
    under its group's K/V exchange — within the token cap; one that fits no rank is sharded as in 1.
 
-The fastest layout in the simulator replaces the step when it is faster. Steps with chains, or whose samples do not
-fit one micro-batch per group, stay as they are. Guarantees: the result is a valid Step (coverage, the token cap on
-every rank) and never slower in the simulator than the step given. Cost: per split, O(sharded samples × groups)
-micro-batch timings (groups of one degree with the same sharded samples timed once) + O(own samples × world) +
-one step simulation, for each split of :func:`shapes`: 86 of a world of 256 (about 12 s a DP32·CP8 step of 2,048
-samples on these CPUs), 46 of a world of 32.
+The fastest layout in the simulator replaces the step when it is at least ``MIN_GAIN`` (3%) faster. The margin:
+each span of a new size is one more process group (on GPUs, an NCCL communicator that holds memory and takes setup,
+neither priced by the cost model), and a gain within the cost model's error does not pay for that. It also keeps a
+step on one degree where groups of several sizes barely help, and such a step is held to the stronger bound of one
+degree (the efficiency of a step on several sizes reads against the weaker bound of any layout: on 0.5B
+tulu3-longwriter at DP32·CP8, a step 1.2% faster read .905 against .969 before). Before the search, a step stays when
+the bound of layouts on several sizes (``bounds.mixed_step_bound`` without its split, a few tens of ms) leaves no
+room for that gain: most lmsys steps, where the search never found one. Steps with chains, whose samples do not fit
+one micro-batch per group, or that shard no sample stay as they are. Guarantees: the result is a valid Step
+(coverage, the token cap on every rank) and never slower in the simulator than the step given. Cost: per split,
+O(sharded samples × groups) micro-batch timings (groups of one degree with the same sharded samples timed once) +
+O(own samples × world) + one step simulation, for each split of :func:`shapes`: 86 of a world of 256 (about 12 s a
+DP32·CP8 step of 2,048 samples on these CPUs), 46 of a world of 32 (0.4-0.9 s a 256-sample lmsys batch, which is
+why the bound comes first).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plan import MicroBatch, Piece, Plan, Replica, Step
+from ..sim.bounds import mixed_step_bound
 from ..sim.simulate import micro_batch_times, simulate_step
 
 __all__ = ["PARTS", "partitions", "shapes", "regroup", "layout_on_groups"]
@@ -168,16 +177,22 @@ NARROW = 8  # the narrow groups of a tail hold at most this many ranks (one node
 
 def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str = "unified",
             sizes: list[int] | None = None) -> Step:
-    """``step``, or the fastest of its layouts on groups of several sizes (of ``sizes`` when given) when one is
-    faster in the simulator. A step that shards no sample stays: without an exchange, a group's size changes
-    nothing."""
+    """``step``, or the fastest of its layouts on groups of several sizes (of ``sizes`` when given) when one is at
+    least ``MIN_GAIN`` faster in the simulator. A step that shards no sample stays (without an exchange a group's
+    size changes nothing), and so does one whose bound of layouts on several sizes (without its split term, a few
+    ms) leaves no room for that gain."""
     world = cost.cfg.dp * cost.cfg.cp
     pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
     if (cost.cfg.pp > 1 or all(p.cp_rank is not None for p in pieces)
             or any(p.start > 0 or p.stop < lengths[p.sample] for p in pieces)):
         return step
     plan = Plan(planner=planner, world=world, lengths=lengths, steps=(step,))
-    best, best_s = step, simulate_step(0, step, plan, cost, bound=False).time_s
+    worth = (1.0 - MIN_GAIN) * simulate_step(0, step, plan, cost, bound=False).time_s  # what a layout must beat
+    allowed = [d for d in range(1, world + 1) if world % d == 0 and (sizes is None or d in sizes)]
+    samples = np.array(sorted(lengths[i] for i in {p.sample for p in pieces}), dtype=np.float64)
+    if mixed_step_bound(samples, cost, allowed, split=False) >= worth:
+        return step  # no layout on several sizes can be MIN_GAIN faster: skip the search (most lmsys steps)
+    best, best_s = step, worth
     for degrees in shapes(world, sizes):
         laid = layout_on_groups(step, lengths, cost, degrees)
         if laid is None:
@@ -186,3 +201,6 @@ def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str =
         if not rep.oom and rep.time_s < best_s:
             best, best_s = laid, rep.time_s
     return best
+
+
+MIN_GAIN = 0.03  # a step moves to groups of several sizes only when that is at least this much faster (module doc)

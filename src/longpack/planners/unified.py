@@ -91,8 +91,8 @@ per replica, in step 7; default 2; 0 turns them off: about a third less planning
 of step time there and 0.05% on 7B ChatQA2 at DP4·CP8), ``shard_chains`` (0: chains only at CP degree 1 — what
 ``longpack train`` sets, since the runtime runs chains at cp = 1 only), ``mixed_groups`` (default 1: then lay each
 step that shards a sample out again on CP groups of several sizes — of ``degrees`` when given — one micro-batch per
-group, and keep that where the simulator says it is faster — planners/groups.py; 0 keeps one degree a step. Such
-steps are held to the weaker bound of layouts on several degrees).
+group, and keep that where the simulator says it is at least 3% faster — planners/groups.py; 0 keeps one degree a
+step. Such steps are held to the weaker bound of layouts on several degrees).
 """
 
 from __future__ import annotations
