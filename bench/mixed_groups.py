@@ -78,9 +78,9 @@ def main() -> None:
                 + "\n\nH100 cost model, 64·DP samples a step, the first steps of each workload (seed 0). First: "
                 "unified under `--opt mixed_groups=0`. Regrouped: each of its steps after the step the default "
                 "`mixed_groups=1` adds (planners/groups.py), which is unified's default plan: its sharding "
-                "kept, laid out greedily on groups of several CP degrees, one micro-batch per group, where faster. "
-                "Its efficiency holds those steps to the bound of layouts on several degrees, which is weaker than "
-                "that of one degree (no pair, group or per-replica terms), so the two efficiencies are not "
+                "kept, laid out greedily on groups of several CP degrees, one micro-batch per group, where at least "
+                "3% faster. Its efficiency holds those steps to the bound of layouts on several degrees, which is "
+                "weaker than that of one degree (no pair, group or per-replica terms), so the two efficiencies are not "
                 "comparable. Steps whose samples do not fit one micro-batch per group (ChatQA2 at CP 2-4, many "
                 "micro-batches a replica) and steps with chains stay as unified made them (its degree × replicas "
                 "shown): the greedy cannot lay them out, which says nothing of what groups would buy there.")

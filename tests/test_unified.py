@@ -201,7 +201,9 @@ def test_unified_unit_threshold_keeps_whole_what_ends_before_the_longest_unit():
     batch = [global_batches(len(x), 2048, seed=0, steps=4)[2]]
     times = {}
     for alphas in ("inf,2,1,0.5", "inf,2,1,0.5,unit"):
-        plan = get_planner("unified").plan(x, batch, PlanContext(cost=cost, options={"alphas": alphas}))
+        # one degree a step: the threshold's effect, not that of groups of several sizes after it
+        options = {"alphas": alphas, "mixed_groups": "0"}
+        plan = get_planner("unified").plan(x, batch, PlanContext(cost=cost, options=options))
         plan.validate()
         step = simulate(plan, cost).steps[0]
         assert step.lower_bound_s <= step.time_s
