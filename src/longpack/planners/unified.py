@@ -72,17 +72,19 @@ micro-batch counts, determinism (every tie broken by position). The candidate (d
 slower in the simulator than that plan when it fits memory (a candidate over memory only wins if all are).
 
 Cost: C candidates × (O(n log n + n·m + n·replicas) placement + O(pieces) simulation) + up to 5 × ``refine`` moves ×
-O(pieces of two replicas) + balancing, O(m·M) per move for M micro-batches (a few ms a step); C ≤ |degrees| · 3 · 4 · 6,
-fewer after removing candidates that give the same placement. Per 256-sample lmsys batch: 86 ms median before the
+O(pieces of two replicas) + balancing, O(m·M) per move for M micro-batches (a few ms a step); C ≤ |degrees| · 3 · 4 ·
+6, fewer after removing candidates that give the same placement. Per 256-sample lmsys batch: 86 ms median before the
 rounds of step 7 (bench/planning.py in a quiet hour; side by side, the memo of micro-batch times took it from 139 to
-124 ms and balancing adds nothing measurable); 378 ms with them in docs/BENCHMARKS.md now, measured on a slower
-machine where every other planner took 1.3-2.5× its earlier time. Those rounds and trades add about half again on
-lmsys, for little there: on the first 30 batches of that benchmark in one slow hour, median 201 ms with one pass of
-repacking and balancing (the code before them) against 309 ms now; in another run turning :func:`_shift_pieces` off
-took the mean from 404 to 262 ms and the summed step time from 2.2540 to 2.2548 s (0.04%: many trades of about 1e-4
-each). ChatQA2, whose long samples add degrees, takes about 6.4 s per 2,048-sample batch of 7B at DP32·CP8
-(balancing 0.1 s of it; in the busier hour 10 s, and 15 s without the memo); repacking and trading between replicas
-add about 2.5 s there (four batches one after the other in a busy hour: 89 s without, 99-110 s with).
+124 ms and balancing adds nothing measurable); 378 ms with them, measured on a slower machine where every other
+planner took 1.3-2.5× its earlier time; 337 ms in docs/BENCHMARKS.md now, with ``mixed_groups`` (side by side on 30
+batches: 319 ms median without, 390 ms with — its bound test on every step that shards, its search on a few). Those
+rounds and trades add about half again on lmsys, for little there: on the first 30 batches of that benchmark in one
+slow hour, median 201 ms with one pass of repacking and balancing (the code before them) against 309 ms now; in
+another run turning :func:`_shift_pieces` off took the mean from 404 to 262 ms and the summed step time from 2.2540 to
+2.2548 s (0.04%: many trades of about 1e-4 each). ChatQA2, whose long samples add degrees, takes about 6.4 s per
+2,048-sample batch of 7B at DP32·CP8 (balancing 0.1 s of it; in the busier hour 10 s, and 15 s without the memo);
+repacking and trading between replicas add about 2.5 s there (four batches one after the other in a busy hour: 89 s
+without, 99-110 s with).
 Options: ``degrees`` (comma-separated CP degrees to consider, default as above), ``splits`` (values of K), ``alphas``
 (thresholds; ``inf`` for none, ``unit``, ``light``), ``refine`` (local-search moves, default 32 or one per replica,
 whichever is more; 0 turns it off, with balancing, repacking and trading: half the planning time on lmsys batches,
