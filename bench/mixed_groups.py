@@ -4,10 +4,10 @@
 
 A step's replicas may be CP groups of several sizes (``Step.degrees``, FlexSP's heterogeneous groups: PAPERS.md,
 HBP's Table 12). The unified planner makes such steps by default (``--opt mixed_groups``, planners/groups.py: its
-sharding kept, one greedy layout per split of the world, one micro-batch per group, kept where the simulator says
-it is faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step), applies that
-option's step (``groups.regroup``) to every step, and simulates both plans side by side: time, efficiency, and the
-groups each step ends on. The regrouped plan's mixed steps are held to the bound of such layouts
+sharding kept, one greedy layout per split of the world, one micro-batch per group, kept where the simulator says it
+is at least 3% faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step),
+applies that option's step (``groups.regroup``) to every step, and simulates both plans side by side: time,
+efficiency, and the groups each step ends on. The regrouped plan's mixed steps are held to the bound of such layouts
 (``bounds.mixed_step_bound``), weaker than that of one degree, so the two efficiencies are not comparable. Cost:
 unified's planning plus ``regroup`` per step (10-20 s a DP32·CP8 step).
 """

@@ -169,3 +169,33 @@ def test_unified_mixed_groups_option_regroups_steps_only_where_faster():
     assert any(s.mixed for s in narrow.steps) and all(set(s.degrees) <= {8, 4} for s in narrow.steps)
     one, _ = run(degrees="8")
     assert not any(s.mixed for s in one.steps)
+
+
+def test_regroup_skips_the_search_only_where_no_layout_would_have_paid():
+    """On lmsys batches at DP4·CP8 the bound of layouts on several sizes leaves no room for ``MIN_GAIN``: regroup
+    returns the step without searching, and the search it skips finds no layout that would have been kept."""
+    from longpack.planners import PlanContext, get_planner, global_batches
+    from longpack.planners.groups import layout_on_groups, regroup, shapes
+    from longpack.sim.simulate import simulate_step
+    from longpack.workloads import generate
+
+    cost = make_cost(dp=4, cp=8, token_cap=26 * 1024)
+    x = generate("lmsys-chat-1m", 20000, seed=0)
+    skipped = 0
+    for batch in global_batches(len(x), 256, seed=0, steps=3):
+        plan = get_planner("unified").plan(x, [batch], PlanContext(cost=cost, options={"mixed_groups": "0"}))
+        step, lengths = plan.steps[0], {int(i): int(x[i]) for i in batch}
+        if all(p.cp_rank is not None for _, _, _, p in plan.iter_pieces()):
+            continue
+        if regroup(step, lengths, cost) is not step:
+            continue
+        base = simulate_step(0, step, plan, cost, bound=False).time_s
+        bound = mixed_step_bound(x[batch].astype(np.float64), cost, [1, 2, 4, 8, 16, 32], split=False)
+        if bound < (1 - MIN_GAIN) * base:
+            continue  # searched, and nothing kept
+        skipped += 1
+        for degrees in shapes(32):
+            laid = layout_on_groups(step, lengths, cost, degrees)
+            if laid is not None:
+                assert simulate_step(0, laid, plan, cost, bound=False).time_s > (1 - MIN_GAIN) * base
+    assert skipped, "no lmsys step shards a sample and stays"
