@@ -161,7 +161,7 @@ def shapes(world: int, allowed: list[int] | None = None) -> list[tuple[int, ...]
     world (and are in ``allowed`` when given), and every split into one or two wide groups (at least world /
     ``WIDE``) plus groups of one size up to ``NARROW`` for the rest (many small groups: samples that fit a node
     exchange over NVLink). Only splits into more than one size, each once, largest first."""
-    sizes = [d for d in range(world, 0, -1) if world % d == 0 and (allowed is None or d in allowed)]
+    sizes = _sizes(world, allowed)
     out = set(partitions(world, sizes))
     wide = [d for d in sizes if d * WIDE >= world and d < world]
     heads = [(a,) for a in wide] + [(a, b) for a in wide for b in wide if b <= a and a + b < world]
@@ -169,6 +169,11 @@ def shapes(world: int, allowed: list[int] | None = None) -> list[tuple[int, ...]
         left = world - sum(head)
         out.update(head + (q,) * (left // q) for q in sizes if q <= NARROW and q < min(head) and left % q == 0)
     return sorted((s for s in out if len(set(s)) > 1), reverse=True)
+
+
+def _sizes(world: int, allowed: list[int] | None) -> list[int]:
+    """The group sizes a split may use, largest first: the divisors of the world (in ``allowed`` when given)."""
+    return [d for d in range(world, 0, -1) if world % d == 0 and (allowed is None or d in allowed)]
 
 
 WIDE = 16  # a wide group of a head holds at least world / WIDE ranks
@@ -180,7 +185,7 @@ def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str =
     """``step``, or the fastest of its layouts on groups of several sizes (of ``sizes`` when given) when one is at
     least ``MIN_GAIN`` faster in the simulator. A step that shards no sample stays (without an exchange a group's
     size changes nothing), and so does one whose bound of layouts on several sizes (without its split term, a few
-    ms) leaves no room for that gain."""
+    tens of ms) leaves no room for that gain."""
     world = cost.cfg.dp * cost.cfg.cp
     pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
     if (cost.cfg.pp > 1 or all(p.cp_rank is not None for p in pieces)
@@ -188,9 +193,8 @@ def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str =
         return step
     plan = Plan(planner=planner, world=world, lengths=lengths, steps=(step,))
     worth = (1.0 - MIN_GAIN) * simulate_step(0, step, plan, cost, bound=False).time_s  # what a layout must beat
-    allowed = [d for d in range(1, world + 1) if world % d == 0 and (sizes is None or d in sizes)]
     samples = np.array(sorted(lengths[i] for i in {p.sample for p in pieces}), dtype=np.float64)
-    if mixed_step_bound(samples, cost, allowed, split=False) >= worth:
+    if mixed_step_bound(samples, cost, _sizes(world, sizes), split=False) >= worth:
         return step  # no layout on several sizes can be MIN_GAIN faster: skip the search (most lmsys steps)
     best, best_s = step, worth
     for degrees in shapes(world, sizes):
