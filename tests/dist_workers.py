@@ -11,10 +11,9 @@ from longpack.cost import CostModel, TrainConfig
 from longpack.hardware import get_hardware
 from longpack.model import ModelSpec
 from longpack.planners import PlanContext, get_planner, global_batches
-from longpack.runtime.attention import document_attention
 from longpack.runtime.data import IGNORE, SyntheticCorpus
 from longpack.runtime.dist import all_reduce_sum, init_distributed
-from longpack.runtime.model import Decoder, DecoderConfig
+from longpack.runtime.hf_model import build
 from longpack.runtime.step import run_micro_batches
 
 SPEC = ModelSpec(name="parity", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, vocab=61,
@@ -22,9 +21,18 @@ SPEC = ModelSpec(name="parity", layers=2, hidden=32, heads=4, kv_heads=2, head_d
 LENGTHS = np.array([37, 5, 64, 2, 90, 17, 33, 1, 48, 70, 9, 26])
 
 
-def make_model() -> Decoder:
-    torch.manual_seed(1234)
-    return Decoder(DecoderConfig.from_spec(SPEC)).double()
+def make_model(attn: str = "longpack") -> torch.nn.Module:
+    """transformers' Qwen2ForCausalLM (QKV bias), float64, seeded: the engine's model, or with ``attn="sdpa"`` the
+    plain model the references train."""
+    model = build(SPEC, 1234, torch.float64).train()
+    if attn != "longpack":
+        model.set_attn_implementation(attn)
+    return model
+
+
+def plain_logits(model: torch.nn.Module, toks: torch.Tensor) -> torch.Tensor:
+    """Unpacked reference forward: one sample alone through transformers' own attention."""
+    return model(input_ids=toks[None], use_cache=False).logits[0]
 
 
 def make_plan(planner: str, dp: int, cap: int = 128, cp: int = 1, **options):
@@ -35,7 +43,7 @@ def make_plan(planner: str, dp: int, cap: int = 128, cp: int = 1, **options):
 
 def reference_grads(mode: str) -> tuple[float, dict[str, torch.Tensor]]:
     """Single process, unpacked: every sample alone, the step objective summed, one backward."""
-    model = make_model()
+    model = make_model("sdpa")
     corpus = SyntheticCorpus(SPEC.vocab, seed=0)
     targets = {i: int(n) - 1 for i, n in enumerate(LENGTHS)}
     total = sum(targets.values())
@@ -43,7 +51,7 @@ def reference_grads(mode: str) -> tuple[float, dict[str, torch.Tensor]]:
     loss = torch.zeros((), dtype=torch.float64)
     for i, n in enumerate(LENGTHS.tolist()):
         toks = torch.from_numpy(corpus.tokens(i, n)).long()
-        logits = model(toks, torch.arange(n), lambda _l, q, k, v, n=n: document_attention(q, k, v, [0, n]))
+        logits = plain_logits(model, toks)
         if n < 2:
             continue
         ce = torch.nn.functional.cross_entropy(logits[:-1], toks[1:], reduction="sum")
@@ -57,7 +65,7 @@ def packed_grads(planner: str, dp: int, rank: int, mode: str, **options) -> tupl
     plan = make_plan(planner, dp, **options)
     plan.validate()
     mbs = plan.steps[0].replicas[rank].micro_batches
-    loss, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), mode=mode)
+    loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), mode=mode)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     stats = torch.tensor([loss], dtype=torch.float64)
     all_reduce_sum(grads + [stats])
@@ -88,7 +96,7 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
     groups = CPGroups.build({cp}, world)
     model = make_model()
     mbs = plan.steps[0].replicas[rank // cp].micro_batches
-    loss, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=rank % cp,
+    loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=rank % cp,
                                 cp_group=groups.group(cp, rank) if cp > 1 else None, overlap=overlap)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     stats = torch.tensor([loss], dtype=torch.float64)
@@ -106,7 +114,7 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
 
 def step_reference(plan, step: int) -> dict[str, torch.Tensor]:
     """Unpacked single-process gradients of one step's samples (token mean over that step)."""
-    model = make_model()
+    model = make_model("sdpa")
     corpus = SyntheticCorpus(SPEC.vocab, seed=0)
     samples = sorted({p.sample for r in plan.steps[step].replicas for mb in r.micro_batches for p in mb.pieces})
     total = sum(int(LENGTHS[s]) - 1 for s in samples)
@@ -114,7 +122,7 @@ def step_reference(plan, step: int) -> dict[str, torch.Tensor]:
     for s in samples:
         n = int(LENGTHS[s])
         toks = torch.from_numpy(corpus.tokens(s, n)).long()
-        logits = model(toks, torch.arange(n), lambda _l, q, k, v, n=n: document_attention(q, k, v, [0, n]))
+        logits = plain_logits(model, toks)
         if n > 1:
             loss = loss + torch.nn.functional.cross_entropy(logits[:-1], toks[1:], reduction="sum") / total
     loss.backward()
@@ -174,7 +182,7 @@ def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
     replica, _ = step.position(rank)
     cp, cp_rank, group = groups.of(step, rank)
     model = make_model()
-    loss, _ = run_micro_batches(model, plan, 0, step.replicas[replica].micro_batches,
+    loss, *_ = run_micro_batches(model, plan, 0, step.replicas[replica].micro_batches,
                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=cp)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     stats = torch.tensor([loss], dtype=torch.float64)
@@ -185,5 +193,5 @@ def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-__all__ = ["step_reference", "adaptive_worker", "mixed_plan", "mixed_worker", "cp_worker", "IGNORE", "make_model",
-           "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]
+__all__ = ["plain_logits", "step_reference", "adaptive_worker", "mixed_plan", "mixed_worker", "cp_worker", "IGNORE",
+           "make_model", "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]

@@ -116,14 +116,21 @@ def test_train_cli_two_processes_json():
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     steps = [x for x in lines if "step" in x]
     assert [s["step"] for s in steps] == [0, 1, 2] and all(s["tokens"] > 0 and s["loss"] > 0 for s in steps)
-    assert set(steps[0]) == {"step", "loss", "tokens", "step_seconds"}
+    assert set(steps[0]) == {"step", "loss", "tokens", "targets", "step_seconds", "memory"}
+    mem = steps[0]["memory"]
+    # one number per rank; a rank the plan gives no tokens (isf packs this small step into one pack) holds nothing
+    assert len(mem["measured_bytes"]) == 2 and max(mem["measured_bytes"]) > 0
+    assert [m > 0 for m in mem["measured_bytes"]] == [p > 0 for p in mem["predicted_bytes"]]
+    data = next(x["data"] for x in lines if "data" in x)
+    assert data["dropped_samples"] == 0 and data["trained_tokens"] == data["tokens"]
+    assert sum(s["tokens"] for s in steps) == data["trained_tokens"]
     assert lines[-1]["summary"]["steps"] == 3 and lines[-1]["summary"]["tokens_per_second"] > 0
 
 
 def test_resume_after_kill_equals_uninterrupted(tmp_path):
     common = ["--workload", "tiny-longtail", "--planner", "skrull", "--steps", "4", "--global-batch", "12",
               "--dtype", "float64", "--json", "--checkpoint-every", "1"]
-    full = _train_cli(*common, "--checkpoint-dir", str(tmp_path / "full"))
+    full = _train_cli(*common, "--checkpoint-dir", str(tmp_path / "full"), "--output-dir", str(tmp_path / "a"))
     assert full.returncode == 0, full.stderr
     # a run killed after its second step: start it, wait for step 1's log line, kill it
     killed = subprocess.Popen([sys.executable, "-m", "longpack.cli", "train", *common, "--checkpoint-dir",
@@ -133,7 +140,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
             killed.kill()
             break
     killed.wait()
-    resumed = _train_cli(*common, "--checkpoint-dir", str(tmp_path / "cut"), "--resume")
+    resumed = _train_cli(*common, "--checkpoint-dir", str(tmp_path / "cut"), "--resume", "--output-dir",
+                         str(tmp_path / "b"))
     assert resumed.returncode == 0, resumed.stderr
     full_steps = [json.loads(x) for x in full.stdout.splitlines() if x.startswith('{"step"')]
     res_steps = [json.loads(x) for x in resumed.stdout.splitlines() if x.startswith('{"step"')]
@@ -142,7 +150,9 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     for r in res_steps:
         f = full_steps[r["step"]]
         assert r["tokens"] == f["tokens"] and r["loss"] == pytest.approx(f["loss"], rel=1e-12)
-    a = torch.load(tmp_path / "full" / "step_00000004.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "cut" / "step_00000004.pt", weights_only=False)["model"]
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys()
     for k in a:
-        assert torch.allclose(a[k], b[k], rtol=0, atol=1e-12), k
+        assert torch.equal(a[k], b[k]), k

@@ -331,8 +331,22 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
           checkpoint_every: Annotated[int, typer.Option(help="Save every N steps (0: never).")] = 0,
           resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint.")] = False,
           nproc: Annotated[int, typer.Option(help="Processes to spawn (ignored under torchrun).")] = 1,
+          data: Annotated[str | None, typer.Option(help="Tokenized SFT rows: JSONL, Parquet or a save_to_disk "
+                                                   "folder with input_ids (+ labels or --mask-column), or "
+                                                   "messages / text with --tokenizer.")] = None,
+          mask_column: Annotated[str | None, typer.Option(help="0/1 target mask column of --data, e.g. "
+                                                          "completion_mask or assistant_masks.")] = None,
+          tokenizer: Tokenizer = None,
+          model_path: Annotated[str | None, typer.Option(help="Local Hugging Face checkpoint to fine-tune "
+                                                         "(config.json + safetensors).")] = None,
+          output_dir: Annotated[str | None, typer.Option(help="Write the trained model here as a Hugging Face "
+                                                         "checkpoint.")] = None,
+          fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
+                                             "all processes (default when more than one).")] = True,
+          ckpt_layers: Annotated[int, typer.Option(help="Checkpointed layers the plan starts from (the "
+                                                   "planner may add more per micro-batch).")] = 0,
           json_out: Json = False) -> None:
-    """Train a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
+    """Fine-tune a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
     import os
 
     from .runtime.loss import MODES
@@ -345,11 +359,16 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
         raise ValueError(f"--dtype {dtype!r}: choose float32, float64 or bfloat16")
     if workload is not None and lengths is not None:
         workload = None  # an explicit --lengths file wins over the default workload
+    if data is not None:
+        workload, lengths = None, None  # the rows' own lengths are planned
     run = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
                        hardware=hardware, cp=cp, global_batch=global_batch, steps=steps, seed=seed,
-                       bucket_size=bucket_size, max_len=max_len, overlong=overlong, options=_options(opt))
+                       bucket_size=bucket_size, max_len=max_len, overlong=overlong, options=_options(opt),
+                       ckpt_layers=ckpt_layers)
     args = TrainArgs(planner=planner, run=run, lr=lr, loss=loss, dtype=dtype, checkpoint_dir=checkpoint_dir,
-                     checkpoint_every=checkpoint_every, resume=resume, json_log=json_out)
+                     checkpoint_every=checkpoint_every, resume=resume, json_log=json_out, data=data,
+                     mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
+                     fsdp=fsdp)
     if "WORLD_SIZE" in os.environ:
         run_train(args)
     else:

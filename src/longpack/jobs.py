@@ -19,7 +19,7 @@ import numpy as np
 
 from .cost import CostModel, TrainConfig
 from .hardware import load_hardware
-from .model import get_model
+from .model import ModelSpec, get_model
 from .plan import Plan
 from .planners import PlanContext, get_planner, global_batches
 from .sim import SimReport, plan_metrics, simulate
@@ -83,14 +83,15 @@ def load_workload(spec: RunSpec) -> tuple[np.ndarray, int | None]:
     return lengths, None
 
 
-def build_cost(spec: RunSpec) -> CostModel:
-    """The cost model of ``spec``; a layout that does not match ``--world`` or a model that cannot fit raises."""
+def build_cost(spec: RunSpec, model: ModelSpec | None = None) -> CostModel:
+    """The cost model of ``spec`` (``model``: shapes read from a checkpoint instead of the preset); a layout that
+    does not match ``--world`` or a model that cannot fit raises."""
     cfg = TrainConfig(dp=spec.dp, cp=spec.cp, tp=spec.tp, pp=spec.pp, zero_stage=spec.zero_stage,
                       ckpt_layers=spec.ckpt_layers, token_cap=spec.bucket_size)
     if spec.world is not None and spec.world != cfg.world:
         raise ValueError(f"--world {spec.world} != dp {spec.dp} x tp {spec.tp} x pp {spec.pp} x cp {spec.cp} "
                          f"= {cfg.world}; make the degrees multiply to the world size")
-    cost = CostModel(get_model(spec.model), load_hardware(spec.hardware), cfg)
+    cost = CostModel(model or get_model(spec.model), load_hardware(spec.hardware), cfg)
     if cost.token_cap() < 1:
         raise ValueError(f"model {spec.model} on {spec.hardware}: {cost.hw.memory_gib:g} GiB per GPU leaves no room "
                          f"for activations after {cost.static_bytes / 2**30:.1f} GiB of weights and optimizer state "

@@ -31,9 +31,9 @@ from transformers import Trainer
 
 from ..cost import CostModel, TrainConfig
 from ..hardware import load_hardware
-from ..model import ModelSpec
 from ..plan import Plan
 from ..planners import PlanContext, get_planner, global_batches
+from ..runtime.hf_model import spec_of
 from ..sim import plan_metrics
 
 __all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "longpack_trainer_class", "check_document_masking"]
@@ -51,15 +51,6 @@ class LongpackConfig:
     hardware: str = "cpu"
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
-
-
-def _spec(config: Any) -> ModelSpec:
-    heads = config.num_attention_heads
-    return ModelSpec(name=getattr(config, "model_type", "hf"), layers=config.num_hidden_layers,
-                     hidden=config.hidden_size, heads=heads,
-                     kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                     head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                     ffn=config.intermediate_size, vocab=config.vocab_size)
 
 
 def check_document_masking(model: torch.nn.Module) -> None:
@@ -151,7 +142,7 @@ class LongpackMixin:
 
     def _make_plan(self, model: torch.nn.Module, dataset: Any, world: int) -> Plan:
         lengths = np.array([len(r) for r in dataset["input_ids"]], dtype=np.int64)
-        cost = CostModel(_spec(model.config), load_hardware(self.lp.hardware),
+        cost = CostModel(spec_of(model.config), load_hardware(self.lp.hardware),
                          TrainConfig(dp=world, cp=1, token_cap=self.lp.token_cap))
         options = dict(self.lp.options)
         if self.lp.planner == "unified":

@@ -21,15 +21,16 @@ extra forward per recomputed chunk. Exact: the same sums in a different order (f
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ..plan import MicroBatch, Plan
 from .attention import document_attention
 from .blockwise import attention_with_blocks
-from .data import Packed, SyntheticCorpus, collate
+from .data import Packed, Source, collate
+from .engine import checkpointing, forward_logits, num_layers
 from .loss import weighted_loss
-from .model import Decoder
 
 __all__ = ["KVStore", "run_chain"]
 
@@ -68,12 +69,14 @@ class _ChunkPass:
         self.span = (batch.cu_seqlens[row], batch.cu_seqlens[row + 1])
         cu = batch.cu_seqlens
         self.others = [(a, b) for r, (a, b) in enumerate(zip(cu, cu[1:], strict=False)) if r != row]
-        self.own: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # per layer, this chunk's own K/V from its first forward (the tensors later chunks' gradients go into); a
+        # checkpointed layer's recomputation during backward calls this again and must not replace them
+        self.own: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         a, b = self.span
         k_own, v_own = _bhsd(k[a:b]), _bhsd(v[a:b])
-        self.own.append((k_own, v_own))
+        self.own.setdefault(layer, (k_own, v_own))
         o = attention_with_blocks(_bhsd(q[a:b]), k_own, v_own, self.store.before(layer, self.index))
         out = torch.empty_like(q)
         out[a:b] = o[0].transpose(0, 1)
@@ -82,18 +85,21 @@ class _ChunkPass:
         return out
 
 
-def run_chain(model: Decoder, plan: Plan, mbs: list[MicroBatch], sample: int, corpus: SyntheticCorpus,
-              weights_of: Callable[[Packed], torch.Tensor]) -> tuple[float, int]:
-    """Forward ascending, backward descending over the chain's micro-batches; returns (loss share, tokens)."""
-    store = KVStore(model.cfg.layers)
+def run_chain(model: Any, plan: Plan, mbs: list[MicroBatch], sample: int, corpus: Source,
+              weights_of: Callable[[Packed], torch.Tensor]) -> tuple[float, int, int]:
+    """Forward ascending, backward descending over the chain's micro-batches; returns (loss share, tokens,
+    targets)."""
+    store = KVStore(num_layers(model))
     kept: dict[int, tuple[torch.Tensor, _ChunkPass]] = {}
     batches = [collate(mb, corpus, plan.effective_length) for mb in mbs]
     loss_sum = 0.0
     for i, (mb, batch) in enumerate(zip(mbs, batches, strict=True)):
         with torch.set_grad_enabled(not mb.recompute):
             attend = _ChunkPass(batch, sample, i, store)
-            loss = weighted_loss(model(batch.input_ids, batch.position_ids, attend), batch, weights_of(batch))
-        for layer, (k, v) in enumerate(attend.own):
+            with checkpointing(model, mb.ckpt_layers if not mb.recompute else 0):
+                logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
+            loss = weighted_loss(logits, batch, weights_of(batch))
+        for layer, (k, v) in sorted(attend.own.items()):
             store.append(layer, k, v)
         loss_sum += float(loss.detach())
         if not mb.recompute:
@@ -104,12 +110,14 @@ def run_chain(model: Decoder, plan: Plan, mbs: list[MicroBatch], sample: int, co
         else:  # recompute: the same forward again, now recording the graph
             batch = batches[i]
             attend = _ChunkPass(batch, sample, i, store)
-            loss = weighted_loss(model(batch.input_ids, batch.position_ids, attend), batch, weights_of(batch))
+            with checkpointing(model, mbs[i].ckpt_layers):
+                logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
+            loss = weighted_loss(logits, batch, weights_of(batch))
         tensors, grads = [loss], [torch.ones_like(loss)]
         if i < len(mbs) - 1:  # later chunks sent gradients to this chunk's keys and values: inject them
-            for layer, (k, v) in enumerate(attend.own):
+            for layer, (k, v) in sorted(attend.own.items()):
                 dk, dv = store.grads(layer, i)
                 tensors += [k, v]
                 grads += [dk, dv]
         torch.autograd.backward(tensors, grads)
-    return loss_sum, sum(b.tokens for b in batches)
+    return loss_sum, sum(b.tokens for b in batches), sum(b.targets for b in batches)

@@ -5,9 +5,10 @@ plan sampler.
   run sees the same text offline. Each sample follows a noisy arithmetic progression modulo the vocabulary: a
   pattern a small model can learn, so loss curves mean something.
 * :func:`collate` — pieces of one micro-batch (and one CP rank's share of them) -> ``input_ids``, ``labels``
-  (next-token targets; the last token of a sample has none, the last token of a chunk predicts the next chunk's
-  first), ``position_ids`` (restarting per sample, continuing across chunks) and ``cu_seqlens`` from the pieces'
-  lengths. Padded micro-batches (``pad_to``) pad each row to that length with ignored targets.
+  (the source's next-token targets: the user's labels or masks, or every next token; the last token of a sample
+  has none, the last token of a chunk predicts the next chunk's first), ``position_ids`` (restarting per
+  sample, continuing across chunks) and ``cu_seqlens`` from the pieces' lengths. Padded micro-batches
+  (``pad_to``) pad each row to that length with ignored targets.
 * :class:`PlanSampler` — the micro-batches of one rank, step by step; ``state_dict``/``load_state_dict`` resume
   mid-epoch at the exact next step.
 """
@@ -16,19 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from ..plan import MicroBatch, Plan
+from ..rows import IGNORE
 
-__all__ = ["SyntheticCorpus", "Packed", "collate", "PlanSampler", "IGNORE"]
+__all__ = ["SyntheticCorpus", "Source", "Packed", "collate", "PlanSampler", "IGNORE"]
 
 
 def _cat(parts: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.long)
 
-IGNORE = -100
 
 
 class SyntheticCorpus:
@@ -52,6 +54,27 @@ class SyntheticCorpus:
         self._cache[sample] = seq
         return seq
 
+    def next_targets(self, sample: int, n: int) -> np.ndarray:
+        """Per-position next-token targets of the first n tokens (every next token; the last has none)."""
+        toks = self.tokens(sample, n)
+        out = np.full(n, IGNORE, dtype=np.int64)
+        out[:-1] = toks[1:]
+        return out
+
+    def target_count(self, sample: int, n: int) -> int:
+        return max(0, n - 1)
+
+
+class Source(Protocol):
+    """What the runtime reads samples from: :class:`SyntheticCorpus` (demos, tests) or
+    :class:`longpack.rows.TokenRows` (the user's rows and targets)."""
+
+    def tokens(self, sample: int, n: int) -> np.ndarray: ...
+
+    def next_targets(self, sample: int, n: int) -> np.ndarray: ...
+
+    def target_count(self, sample: int, n: int) -> int: ...
+
 
 @dataclass
 class Packed:
@@ -69,19 +92,21 @@ class Packed:
         """Real (unpadded) tokens."""
         return sum(stop - start for _, start, stop in self.docs)
 
+    @property
+    def targets(self) -> int:
+        """Positions with a real target."""
+        return int((self.labels != IGNORE).sum())
 
-def collate(mb: MicroBatch, corpus: SyntheticCorpus, effective_length: Callable[[int], int],
+
+def collate(mb: MicroBatch, corpus: Source, effective_length: Callable[[int], int],
             pieces: list[tuple[int, int, int]] | None = None) -> Packed:
     """Tensors for ``mb`` (or for explicit ``pieces`` (sample, start, stop), e.g. one CP rank's share)."""
     spans = pieces if pieces is not None else [(p.sample, p.start, p.stop) for p in mb.pieces]
     ids, labels, pos, cu, owner = [], [], [], [0], []
     for sample, start, stop in spans:
         n = effective_length(sample)
-        toks = corpus.tokens(sample, n)
-        row = toks[start:stop]
-        tgt = np.full(stop - start, IGNORE, dtype=np.int64)
-        last = min(stop + 1, n)
-        tgt[: last - start - 1] = toks[start + 1: last]
+        row = corpus.tokens(sample, n)[start:stop]
+        tgt = corpus.next_targets(sample, n)[start:stop]
         width = max(mb.pad_to, stop - start) if mb.pad_to else stop - start
         pad = width - (stop - start)
         ids.append(np.concatenate([row, np.zeros(pad, dtype=row.dtype)]))

@@ -1,39 +1,38 @@
 """Exact loss normalisation over a whole optimizer step, from plan-known counts.
 
-A sample of n tokens has n − 1 next-token targets (its last token predicts nothing). For a step:
+A sample's targets come from its source: the user's labels or masks (``longpack.rows``), or every next token of
+a synthetic sample (n − 1 of n; the last token predicts nothing). Every rank holds the counts of every sample, so
+the step's normaliser needs no communication. For a step:
 
 * ``token_mean``: every target weighs 1 / (targets of all samples in the step, all micro-batches and ranks);
 * ``sequence_mean``: a target of sample i weighs 1 / (samples with targets · targets of i).
 
 Each rank computes Σ weight · cross-entropy over its micro-batches and backpropagates it; gradients are summed
 (not averaged) across ranks, so the result is exactly the gradient of the global objective, whatever the packing,
-chunking or placement — the equivalence Skrull and ChunkFlow rely on (PAPERS.md §5). When labels mask tokens the
-plan cannot know (prompts), :func:`global_target_count` all-reduces the true count once per step.
+chunking or placement — the equivalence Skrull and ChunkFlow rely on (PAPERS.md §5).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..plan import Plan, Step
-from .data import IGNORE, Packed
+from .data import IGNORE, Packed, Source
 
-__all__ = ["step_targets", "token_weights", "weighted_loss", "global_target_count", "MODES"]
+__all__ = ["step_targets", "token_weights", "weighted_loss", "MODES"]
 
 MODES = ("token_mean", "sequence_mean")
 
 
-def step_targets(plan: Plan, step: Step) -> dict[int, int]:
-    """{sample: number of targets} for every sample in ``step`` (from the plan alone)."""
+def step_targets(plan: Plan, step: Step, source: Source) -> dict[int, int]:
+    """{sample: number of real targets} for every sample in ``step`` (as far as the plan keeps it)."""
     out: dict[int, int] = {}
     for rep in step.replicas:
         for mb in rep.micro_batches:
             for p in mb.pieces:
-                out[p.sample] = plan.effective_length(p.sample) - 1
+                if p.sample not in out:
+                    out[p.sample] = source.target_count(p.sample, plan.effective_length(p.sample))
     return out
 
 
@@ -58,12 +57,3 @@ def weighted_loss(logits_tv: torch.Tensor, batch: Packed, weights_t: torch.Tenso
     labels = batch.labels.clamp_min(0)
     ce = F.cross_entropy(logits_tv, labels, reduction="none")
     return (ce * weights_t.to(ce.dtype)).sum()
-
-
-def global_target_count(batches: Iterable[Packed], group: dist.ProcessGroup | None = None) -> int:
-    """Targets on every rank, summed with one all-reduce (for labels the plan cannot count)."""
-    local = sum(int((b.labels != IGNORE).sum()) for b in batches)
-    t = torch.tensor([local], dtype=torch.int64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, group=group)
-    return int(t.item())

@@ -1,10 +1,16 @@
-"""Training orchestrator: plan once (deterministically, on every rank), then run the plan for real.
+"""Training orchestrator: the user's rows and checkpoint, planned once (deterministically, on every rank), run.
 
-Per step and rank: the :class:`~longpack.runtime.data.PlanSampler` gives this rank's micro-batches; each is
-forwarded and backpropagated with exact global weights (runtime/loss.py); gradients are summed across ranks in one
-all-reduce; AdamW steps. Every ``checkpoint_every`` steps rank 0 saves model, optimizer, sampler position and RNG;
-``resume`` continues from the latest checkpoint at the exact next step. Rank 0 logs one line (or one JSON object)
-per step: loss, tokens, step time, tokens/s; a summary at the end.
+Per run: rows from ``--data`` (or synthetic tokens of a ``--workload``), the model from ``--model-path`` (or a
+random-init preset) on transformers' classes with the longpack attention (runtime/engine.py), FSDP2 over every
+rank unless ``fsdp=False`` (runtime/parallelize.py), AdamW. Per step and rank: the
+:class:`~longpack.runtime.data.PlanSampler` gives this rank's micro-batches; each is forwarded and backpropagated
+with exact global weights over the step's real targets (runtime/loss.py), checkpointing the layers its plan says;
+gradients are summed over all ranks (FSDP2's reduce-scatter, or one all-reduce without it); AdamW steps. Every
+``checkpoint_every`` steps every rank writes its shard (runtime/checkpoint.py); ``resume`` continues at the exact
+next step. Rank 0 logs a data line (rows read, empty rows dropped, samples dropped or truncated by the over-long
+policy, with their tokens and targets), one line (or JSON object) per step — loss, targets, tokens, time, tokens/s,
+measured and predicted memory per rank (runtime/memory.py) — and a summary. ``output_dir`` receives a
+consolidated Hugging Face checkpoint.
 
 Launch: ``torchrun --nproc-per-node N -m longpack.cli train ...`` (gloo on CPU, nccl on GPU), or
 ``longpack train --nproc N`` which spawns the N processes itself.
@@ -22,16 +28,20 @@ from typing import Any
 import torch
 
 from .. import jobs
-from ..model import get_model
+from ..cost import CostModel
+from ..model import ModelSpec, get_model
 from ..plan import Plan
 from . import checkpoint
+from .accounting import data_report
 from .context_parallel import CPGroups
-from .data import PlanSampler, SyntheticCorpus
+from .data import PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed
-from .model import Decoder, DecoderConfig
+from .memory import ActivationMeter, predicted_bytes
 from .step import run_micro_batches
 
 __all__ = ["TrainArgs", "train", "build_plan", "launch"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +50,12 @@ class TrainArgs:
     run: jobs.RunSpec = field(default_factory=lambda: jobs.RunSpec(workload="tiny-longtail", model="tiny-llama",
                                                                     hardware="cpu", bucket_size=4096,
                                                                     global_batch=32))
+    data: str | None = None
+    mask_column: str | None = None
+    tokenizer: str | None = None
+    model_path: str | None = None
+    output_dir: str | None = None
+    fsdp: bool = True
     lr: float = 1e-3
     weight_decay: float = 0.0
     loss: str = "token_mean"
@@ -51,19 +67,67 @@ class TrainArgs:
     threads: int | None = None
 
 
-def build_plan(args: TrainArgs, world: int) -> Plan:
-    """The plan every rank computes identically (same inputs, same seed)."""
-    spec = args.run
-    if spec.cp < 1 or world % spec.cp:
-        raise ValueError(f"--cp {spec.cp} must divide the number of processes ({world})")
-    spec = replace(spec, dp=world // spec.cp)
-    if args.planner == "unified" and "shard_chains" not in spec.options:
+def load_source(args: TrainArgs, vocab: int) -> Source:
+    """The user's rows (``--data``) or the synthetic corpus of a built-in workload."""
+    if args.data is None:
+        return SyntheticCorpus(vocab, seed=args.run.seed)
+    from ..rows import load_rows
+
+    rows = load_rows(args.data, mask_column=args.mask_column, tokenizer=args.tokenizer)
+    top = max(int(r.max()) for r in rows.ids)
+    if top >= vocab:
+        raise ValueError(f"--data {args.data}: token id {top} is outside the model's vocabulary of {vocab}; "
+                         "tokenize with the model's own tokenizer")
+    return rows
+
+
+def model_spec(args: TrainArgs) -> ModelSpec:
+    """The shapes the cost model plans with: the checkpoint's config, or the preset."""
+    if args.model_path is None:
+        return get_model(args.run.model)
+    from transformers import AutoConfig
+
+    from .hf_model import spec_of
+
+    return spec_of(AutoConfig.from_pretrained(args.model_path, local_files_only=True))
+
+
+def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None
+               ) -> tuple[Plan, CostModel]:
+    """The plan every rank computes identically (same inputs, same seed), and its cost model."""
+    run = args.run
+    if run.cp < 1 or world % run.cp:
+        raise ValueError(f"--cp {run.cp} must divide the number of processes ({world})")
+    run = replace(run, dp=world // run.cp)
+    if args.planner == "unified" and "shard_chains" not in run.options:
         # the runtime runs chunk chains at cp = 1 only: unified keeps chains off CP groups
-        spec = replace(spec, options=dict(spec.options) | {"shard_chains": 0})
-    lengths, default_max_len = jobs.load_workload(spec)
-    cost = jobs.build_cost(spec)
-    plan, _ = jobs.run_plan(args.planner, lengths, spec, cost, default_max_len)
-    return plan
+        run = replace(run, options=dict(run.options) | {"shard_chains": 0})
+    spec = spec or model_spec(args)
+    if args.data is not None:
+        source = source if source is not None else load_source(args, spec.vocab)
+        lengths, default_max_len = source.lengths, None  # type: ignore[attr-defined]
+        run = replace(run, workload=None, lengths_file=args.data)
+    else:
+        lengths, default_max_len = jobs.load_workload(run)
+    cost = jobs.build_cost(run, spec)
+    plan, _ = jobs.run_plan(args.planner, lengths, run, cost, default_max_len)
+    return plan, cost
+
+
+def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan) -> torch.nn.Module:
+    from .hf_model import build, check_supported, load
+
+    dtype = DTYPES[args.dtype]
+    sharded_bf16 = dtype == torch.bfloat16 and args.fsdp and ctx.distributed
+    param_dtype = torch.float32 if sharded_bf16 else dtype  # FSDP2 keeps fp32 shards and computes in bf16
+    model = load(args.model_path, param_dtype) if args.model_path else build(spec, args.run.seed, param_dtype)
+    check_supported(model, max((plan.effective_length(s) for s in plan.lengths), default=1))
+    model.to(ctx.device).train()
+    if args.fsdp and ctx.distributed:
+        from .parallelize import parallelize
+
+        parallelize(model, ctx.world, ctx.device, dtype)
+    return model
 
 
 def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
@@ -73,67 +137,143 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
     elif "summary" in record:
         s = record["summary"]
-        print(f"done: {s['steps']} steps, {s['tokens_per_second']:.0f} tokens/s, final loss {s['final_loss']:.4f}",
-              flush=True)
+        print(f"done: {s['steps']} steps, {s['tokens_per_second']:.0f} tokens/s, final loss {s['final_loss']:.4f}"
+              + (f", saved {s['output_dir']}" if s.get("output_dir") else ""), flush=True)
+    elif "data" in record:
+        print("data: " + record["data"]["line"], flush=True)
     else:
-        print(f"step {record['step']:5d}  loss {record['loss']:.4f}  tokens {record['tokens']:6d}  "
-              f"{record['step_seconds']:.3f} s  {record['tokens'] / record['step_seconds']:.0f} tokens/s", flush=True)
+        mem = record["memory"]
+        print(f"step {record['step']:5d}  loss {record['loss']:.4f}  targets {record['targets']:6d}  tokens "
+              f"{record['tokens']:6d}  {record['step_seconds']:.3f} s  {record['tokens'] / record['step_seconds']:.0f}"
+              f" tokens/s  mem {max(mem['measured_bytes']) / 2**20:.1f} MiB measured / "
+              f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})", flush=True)
+
+
+def _rank_prediction(plan: Plan, step: int, rank: int, cost: CostModel, activations_only: bool) -> float:
+    """The cost model's peak bytes on ``rank`` in ``step``: its largest micro-batch at that one's checkpointing."""
+    st = plan.steps[step]
+    replica, cp_rank = st.position(rank)
+    cp = st.replica_cp(replica)
+    best = 0.0
+    for mb in st.replicas[replica].micro_batches:
+        tokens = mb.rank_tokens(cp)[cp_rank] if mb.pieces else 0
+        prefix = max((p.start for p in mb.pieces), default=0)
+        best = max(best, predicted_bytes(cost, tokens, mb.ckpt_layers, prefix, activations_only=activations_only))
+    return best
+
+
+def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: PlanSampler,
+            fingerprint: str) -> None:
+    if not (args.resume and args.checkpoint_dir):
+        return
+    meta = checkpoint.load_latest(args.checkpoint_dir, model=model, optimizer=opt)
+    if meta is None:
+        return
+    if meta["plan"] != fingerprint:
+        raise ValueError(f"--resume: the checkpoint in {args.checkpoint_dir} was made for another plan; "
+                         "use the same data, planner, layout and seed")
+    sampler.load_state_dict(meta["sampler"])
+
+
+def _step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Source, ctx: DistContext,
+          groups: CPGroups | None, args: TrainArgs, sync: Any) -> tuple[torch.Tensor, float]:
+    """Forward/backward of this rank's micro-batches and the gradient sum; (loss, tokens, targets) summed over
+    ranks, and this rank's measured activation peak."""
+    from .engine import decoder_layers
+
+    cp, cp_rank, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, 0, None)
+    meter = ActivationMeter()
+    if sync is not None:
+        sync.begin()
+    with meter.measure(decoder_layers(model)):
+        loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=args.loss,
+                                                  device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
+    stats = torch.tensor([loss, float(tokens), float(targets)], dtype=torch.float64)
+    if sync is not None:
+        sync.end()
+        all_reduce_sum([stats])
+    else:
+        params = list(model.parameters())
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        all_reduce_sum(grads + [stats])
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+    return stats, float(meter.peak)
+
+
+def _memory(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float) -> dict[str, Any]:
+    on_gpu = ctx.device.type == "cuda"
+    measured = torch.zeros(ctx.world, dtype=torch.float64)
+    predicted = torch.zeros(ctx.world, dtype=torch.float64)
+    measured[ctx.rank] = float(torch.cuda.max_memory_allocated(ctx.device)) if on_gpu else measured_cpu
+    predicted[ctx.rank] = _rank_prediction(plan, step, ctx.rank, cost, activations_only=not on_gpu)
+    all_reduce_sum([measured, predicted])
+    return {"what": "cuda max_memory_allocated" if on_gpu else "activations held for backward",
+            "measured_bytes": [int(x) for x in measured.tolist()],
+            "predicted_bytes": [int(x) for x in predicted.tolist()]}
 
 
 def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
-    """Run the plan; returns {"steps": [per-step records], "summary": {...}, "model": the trained model}."""
+    """Run the plan; returns {"steps": [per-step records], "summary": {...}, "data": {...}, "model": model}."""
     ctx = ctx or init_distributed()
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[args.dtype]
-    plan = build_plan(args, ctx.world)
+    spec = model_spec(args)
+    source = load_source(args, spec.vocab)
+    plan, cost = build_plan(args, ctx.world, source, spec)
+    report = data_report(plan, source)
+    _emit(ctx, args, {"data": report})
     fingerprint = checkpoint.plan_fingerprint(plan.to_json())
-    spec = get_model(args.run.model)
-    torch.manual_seed(args.run.seed)
-    model = Decoder(DecoderConfig.from_spec(spec)).to(device=ctx.device, dtype=dtype)
+    model = _model(args, spec, ctx, plan)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    corpus = SyntheticCorpus(spec.vocab, seed=args.run.seed)
     sampler = PlanSampler(plan, ctx.rank)
     groups = CPGroups.for_plan(plan, ctx.world) if ctx.distributed and max(s.cp for s in plan.steps) > 1 else None
-    if args.resume and args.checkpoint_dir:
-        state = checkpoint.load_latest(args.checkpoint_dir)
-        if state is not None:
-            if state["plan"] != fingerprint:
-                raise ValueError(f"--resume: the checkpoint in {args.checkpoint_dir} was made for another plan; "
-                                 "use the same workload, planner, layout and seed")
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            sampler.load_state_dict(state["sampler"])
-    records = []
+    sync = None
+    if args.fsdp and ctx.distributed:
+        from .parallelize import StepSync
+
+        sync = StepSync(model, ctx.device)
+    _resume(args, model, opt, sampler, fingerprint)
+    records: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for step, mbs in sampler:
         t0 = time.perf_counter()
-        cp, cp_rank, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, 0, None)
-        loss, tokens = run_micro_batches(model, plan, step, mbs, corpus, mode=args.loss, device=ctx.device,
-                                         cp_rank=cp_rank, cp_group=group, cp=cp)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-        stats = torch.tensor([loss, float(tokens)], dtype=torch.float64)
-        all_reduce_sum(grads + [stats])
-        for p, g in zip(model.parameters(), grads, strict=True):
-            p.grad = g
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        stats, peak = _step(model, plan, step, mbs, source, ctx, groups, args, sync)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]),
-               "step_seconds": time.perf_counter() - t0}
+        rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
+               "step_seconds": time.perf_counter() - t0, "memory": _memory(plan, step, cost, ctx, peak)}
         records.append(rec)
         _emit(ctx, args, rec)
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            if ctx.rank == 0:
-                checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt,
-                                sampler=sampler.state_dict(), fingerprint=fingerprint)
-            if ctx.distributed:
-                torch.distributed.barrier()
+            checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt,
+                            sampler=sampler.state_dict(), fingerprint=fingerprint, rank=ctx.rank)
     elapsed = time.perf_counter() - t_start
     total = sum(r["tokens"] for r in records)
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,
-               "final_loss": records[-1]["loss"] if records else float("nan"), "steps": len(records)}
+               "final_loss": records[-1]["loss"] if records else float("nan"), "steps": len(records),
+               "dropped_samples": report["dropped_samples"], "truncated_samples": report["truncated_samples"],
+               "empty_rows_dropped": report["empty_rows_dropped"], "output_dir": args.output_dir}
+    if args.output_dir:
+        _save_output(args, model, ctx)
     _emit(ctx, args, {"summary": summary})
-    return {"steps": records, "summary": summary, "model": model}
+    return {"steps": records, "summary": summary, "data": report, "model": model}
+
+
+def _save_output(args: TrainArgs, model: Any, ctx: DistContext) -> None:
+    """A consolidated Hugging Face checkpoint (rank 0 writes; every rank takes part in gathering)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from .hf_model import save
+
+    state: Any = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if ctx.rank == 0 and args.output_dir:
+        keep = None if args.dtype == "float64" else (torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+        save(model, state, args.output_dir, tokenizer=args.tokenizer, dtype=keep)
+    if ctx.distributed:
+        torch.distributed.barrier()
 
 
 def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any]) -> None:

@@ -1,0 +1,71 @@
+"""Sharding from outside the model: FSDP2 (``torch.distributed.fsdp.fully_shard``) over every dp·cp rank.
+
+* :func:`parallelize` — ``fully_shard`` on each decoder layer, then on the root (embeddings, final norm, LM head),
+  over a 1-D mesh of all ranks: CP ranks hold different tokens of the same parameters, so their gradients are
+  summed with DP's. The reduction is a sum (divide factor 1): each rank's loss already carries the step's global
+  weights (runtime/loss.py). ``bfloat16`` computes in bf16 and reduces gradients in fp32 (``MixedPrecisionPolicy``);
+  the sharded parameters and AdamW state stay fp32.
+* :class:`StepSync` — a plan gives ranks different work within a step (empty micro-batches, chunk chains whose
+  recomputed chunks run forward twice, CP groups of several sizes), so FSDP's per-forward all-gathers and
+  per-backward reduce-scatters would not match across ranks. Instead each step gathers the parameters once
+  (:meth:`StepSync.begin`, the same collectives in the same order on every rank), runs the rank's micro-batches
+  with gradient sync off, and reduce-scatters once (:meth:`StepSync.end`) through a one-token closing pass whose
+  loss is multiplied by zero: every rank's accumulated gradient goes through FSDP's own reduce-scatter, exact.
+  The cost: full parameters and gradients live through the step (ZeRO-2's footprint, not ZeRO-3's), and one
+  one-token forward and backward per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from .attention import document_attention
+from .engine import decoder_layers, forward_logits
+
+__all__ = ["parallelize", "StepSync", "fsdp_modules"]
+
+
+def parallelize(model: torch.nn.Module, world: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Shard ``model`` (a transformers CausalLM, fp32 or fp64 parameters) with FSDP2 over ``world`` ranks."""
+    mesh = init_device_mesh(device.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype == torch.bfloat16 else None
+    kw: dict[str, Any] = {"mesh": mesh} | ({"mp_policy": mp} if mp is not None else {})
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    for m in fsdp_modules(model):
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
+    return model
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+class StepSync:
+    """Gather the parameters once per step, reduce-scatter the gradients once (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.modules = fsdp_modules(model)
+
+    def begin(self) -> None:
+        for m in self.modules:
+            m.set_requires_gradient_sync(False, recurse=False)
+            m.set_reshard_after_forward(False, recurse=False)
+            m.set_reshard_after_backward(False, recurse=False)
+        for m in self.modules:  # same modules, same order on every rank: the all-gathers match
+            m.unshard()
+
+    def end(self) -> None:
+        for m in self.modules:
+            m.set_requires_gradient_sync(True, recurse=False)
+            m.set_reshard_after_backward(True, recurse=False)
+        one = torch.zeros(1, dtype=torch.long, device=self.device)
+        logits = forward_logits(self.model, one, one, lambda _l, q, k, v: document_attention(q, k, v, [0, 1]))
+        (logits.sum() * 0.0).backward()
