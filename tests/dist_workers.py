@@ -193,5 +193,55 @@ def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-__all__ = ["plain_logits", "step_reference", "adaptive_worker", "mixed_plan", "mixed_worker", "cp_worker", "IGNORE",
-           "make_model", "make_plan", "reference_grads", "packed_grads", "parity_worker", "SPEC"]
+def with_ckpt_layers(plan, layers: int):
+    """``plan`` with every micro-batch checkpointing ``layers`` decoder layers."""
+    from dataclasses import replace
+
+    steps = tuple(replace(st, replicas=tuple(replace(r, micro_batches=tuple(replace(mb, ckpt_layers=layers)
+                                                                              for mb in r.micro_batches))
+                                             for r in st.replicas)) for st in plan.steps)
+    return replace(plan, steps=steps)
+
+
+def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int, cap: int, options: dict,
+                ckpt: int) -> None:
+    """Step 0 of ``planner``'s plan on a dp x cp world under FSDP2 (one gather, one reduce-scatter); rank 0 saves
+    the loss and the full gradients."""
+    from longpack.runtime.context_parallel import CPGroups
+    from longpack.runtime.parallelize import StepSync, parallelize
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    plan = with_ckpt_layers(make_plan(planner, world // cp, cap=cap, cp=cp, **options), ckpt)
+    plan.validate()
+    step = plan.steps[0]
+    groups = CPGroups.for_plan(plan, world) if step.cp > 1 else None
+    c, cp_rank, group = groups.of(step, rank) if groups else (1, 0, None)
+    model = parallelize(make_model(), world, torch.device("cpu"), torch.float64)
+    sync = StepSync(model, torch.device("cpu"))
+    sync.begin()
+    loss, *_ = run_micro_batches(model, plan, 0, step.replicas[step.position(rank)[0]].micro_batches,
+                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c)
+    sync.end()
+    stats = torch.tensor([loss], dtype=torch.float64)
+    all_reduce_sum([stats])
+    grads = {k: p.grad.full_tensor() for k, p in model.named_parameters()}
+    if rank == 0:
+        kinds = {"sharded": sum(1 for *_, p in plan.iter_pieces() if p.cp_rank is None and step.cp > 1),
+                 "chunks": sum(1 for *_, p in plan.iter_pieces() if plan.is_chunk(p)),
+                 "ckpt": min(mb.ckpt_layers for *_, mb in _micro_batches(plan))}
+        torch.save({"loss": float(stats[0]), "grads": grads, "plan": plan.to_json()} | kinds, out)
+    torch.distributed.destroy_process_group()
+
+
+def _micro_batches(plan):
+    for st in plan.steps:
+        for r, rep in enumerate(st.replicas):
+            for m, mb in enumerate(rep.micro_batches):
+                yield r, m, mb
+
+
+__all__ = ["fsdp_worker", "with_ckpt_layers", "plain_logits", "step_reference", "adaptive_worker", "mixed_plan",
+           "mixed_worker", "cp_worker", "IGNORE", "make_model", "make_plan", "reference_grads", "packed_grads",
+           "parity_worker", "SPEC"]
