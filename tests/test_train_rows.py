@@ -117,3 +117,58 @@ def test_labels_and_completion_mask_give_the_same_targets(tmp_path):
     ra, rb = load_rows(a), load_rows(b, mask_column="completion_mask")
     assert ra.next_targets(0, 5).tolist() == rb.next_targets(0, 5).tolist() == [IGNORE, 7, 8, 9, IGNORE]
     assert ra.target_count(0, 5) == 3 and ra.target_count(0, 3) == 1  # truncated to 3 tokens: 6 -> 7 only
+
+
+def _tokenizer(path):
+    """A word-level tokenizer with a chat template, built offline and saved like any Hugging Face tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "<|", "|>", "user", "assistant", "end", "hi", "there", "hello", "you", "how", "are"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    fast.save_pretrained(path)
+    return path
+
+
+def test_chat_rows_train_on_assistant_turns_only(tmp_path):
+    tok = _tokenizer(tmp_path / "tok")
+    chat = tmp_path / "chat.jsonl"
+    convo = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello you"},
+             {"role": "user", "content": "how are you"}, {"role": "assistant", "content": "hi"}]
+    chat.write_text(json.dumps({"messages": convo}) + "\n" + json.dumps({"messages": convo[:2]}) + "\n")
+    rows = load_rows(chat, tokenizer=str(tok))
+    words = transformers.AutoTokenizer.from_pretrained(tok).convert_ids_to_tokens(rows.ids[0].tolist())
+    targets = [words[t + 1] for t, x in enumerate(rows.next_targets(0, len(words)).tolist()) if x != IGNORE]
+    # each assistant turn's content and its end marker, nothing of the user turns or the role headers
+    assert targets == ["hello", "you", "<|", "end", "|>", "hi", "<|", "end", "|>"]
+    _checkpoint(tmp_path / "tiny")
+    proc = _train("--data", str(chat), "--tokenizer", str(tok), "--model-path", str(tmp_path / "tiny"),
+                  "--output-dir", str(tmp_path / "out"), "--steps", "1", "--global-batch", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = next(json.loads(x)["data"] for x in proc.stdout.splitlines() if x.startswith('{"data"'))
+    assert data["trained_targets"] == 9 + 5 and data["rows"]["targets_from"] == "assistant turns"
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
+    transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+
+
+def test_train_counts_empty_dropped_and_truncated_rows(tmp_path):
+    _checkpoint(tmp_path / "tiny")
+    rows = tmp_path / "rows.jsonl"
+    lines = [{"input_ids": list(range(1, n + 1))} for n in (5, 0, 50, 8, 60, 9)]
+    rows.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    common = ["--data", str(rows), "--model-path", str(tmp_path / "tiny"), "--max-len", "40", "--global-batch", "5"]
+    for policy, key in (("drop", "dropped"), ("truncate", "truncated")):
+        proc = _train(*common, "--overlong", policy, "--json")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        data = next(json.loads(x)["data"] for x in proc.stdout.splitlines() if x.startswith('{"data"'))
+        assert data["empty_rows_dropped"] == 1 and data["rows"]["empty_rows"] == [1]
+        assert data[f"{key}_samples"] == 2
+        assert data[f"{key}_tokens"] == (50 + 60 if policy == "drop" else 10 + 20)
+        assert data["trained_tokens"] == data["tokens"] - data[f"{key}_tokens"]
+        steps = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
+        assert sum(s["tokens"] for s in steps) == data["trained_tokens"]
+    text = _train(*common, "--overlong", "drop")
+    assert "2 dropped (110 tokens)" in text.stdout and "1 empty rows left out of the plan" in text.stdout
