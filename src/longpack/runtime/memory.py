@@ -2,11 +2,15 @@
 
 * GPU: ``torch.cuda.max_memory_allocated`` over the step (reset at its start) — weights, gradients, optimizer
   state and activations, what the cost model's ``memory_bytes`` predicts (without its reserve).
-* CPU (no allocator statistics): :class:`ActivationMeter` measures the activation memory autograd holds for
+* CPU, per step: :class:`ActivationMeter` measures the activation memory autograd holds for
   backward — the peak, over the step, of the bytes of distinct tensor storages saved for backward
   (``torch.autograd.graph.saved_tensors_hooks``; a storage leaves the count when its last saved tensor is freed),
   plus the layer inputs that ``torch.utils.checkpoint`` keeps for recomputation (a checkpointed layer saves nothing
   else). That is what the cost model's ``act_bytes_per_token · tokens`` predicts; static state is not included.
+  It does not see the layer a checkpointed backward re-expands, nor the loss's backward temporaries.
+* CPU, for benchmarks: :func:`allocator_peak` — the peak of bytes the CPU allocator holds beyond the start, over a
+  call, from ``torch.profiler``'s memory events (the CPU analogue of CUDA's ``max_memory_allocated``): everything,
+  temporaries included.
 
 Cost: one Python call per saved tensor (a few hundred per micro-batch of a small model).
 """
@@ -14,13 +18,13 @@ Cost: one Python call per saved tensor (a few hundred per micro-batch of a small
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["ActivationMeter", "predicted_bytes"]
+__all__ = ["ActivationMeter", "allocator_peak", "predicted_bytes"]
 
 
 class ActivationMeter:
@@ -72,6 +76,22 @@ class ActivationMeter:
         finally:
             for h in handles:
                 h.remove()
+
+
+def allocator_peak(fn: Callable[[], Any]) -> int:
+    """Peak bytes allocated on the CPU above the level at the start, while ``fn()`` runs (op granularity)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # an op's own allocations net of its own frees, and allocations outside any op ("[memory]" events)
+    deltas = sorted((e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
+                    for e in prof.events())
+    current = peak = 0
+    for _, delta in deltas:
+        current += delta
+        peak = max(peak, current)
+    return peak
 
 
 def predicted_bytes(cost: Any, tokens: int, ckpt_layers: int, prefix_tokens: int = 0, *,

@@ -221,6 +221,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     spec = model_spec(args)
     source = load_source(args, spec.vocab)
     plan, cost = build_plan(args, ctx.world, source, spec)
+    # the memory prediction at the run's own activation width (the planning model assumes bf16)
+    mem_cost = CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize))
     report = data_report(plan, source)
     _emit(ctx, args, {"data": report})
     fingerprint = checkpoint.plan_fingerprint(plan.to_json())
@@ -244,7 +246,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
-               "step_seconds": time.perf_counter() - t0, "memory": _memory(plan, step, cost, ctx, peak)}
+               "step_seconds": time.perf_counter() - t0, "memory": _memory(plan, step, mem_cost, ctx, peak)}
         records.append(rec)
         _emit(ctx, args, rec)
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
