@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU benchmark (issue 9): calibrate the cost model on the GPU for a qwen2.5-0.5b-shaped random model in bf16, then
-# train packed (isf, unified) and padded (random_padded) plans for real and report tokens/s and MFU.
+# GPU benchmark: calibrate the cost model on the GPU for a qwen2.5-0.5b-shaped random model in bf16, then train
+# packed (unified, TRL-style bfd packing, isf) and padded (random_padded) plans for real on the one engine
+# (transformers' Qwen2 classes with the longpack attention; FSDP2 when launched on several GPUs) and report tokens/s,
+# MFU, and measured peak memory (max_memory_allocated) beside the cost model's prediction per step.
 # Results go to docs/BENCHMARKS.md ("GPU" section, the GPU named). Budget: under 8 minutes on one H100/H200.
 #
 #   bench/gpu.sh                 # on a machine with a CUDA GPU and this project installed (make install)
@@ -21,11 +23,14 @@ else
         echo "bench/gpu.sh: no CUDA device visible to torch; run it on a GPU machine (or DRYRUN=1 to test)" >&2
         exit 2; }
 fi
-echo "bench/gpu.sh: model $MODEL, $DTYPE, outputs in $OUT"
+NGPU=${NGPU:-1}
+LAUNCH="$PY"
+[ "$NGPU" -gt 1 ] && LAUNCH="$PY -m torch.distributed.run --nproc-per-node $NGPU"
+echo "bench/gpu.sh: model $MODEL, $DTYPE, $NGPU process(es), outputs in $OUT"
 "$PY" -m longpack.cli calibrate --model "$MODEL" --base "$BASE" --dtype "$DTYPE" --grid "$GRID" --repeats 3 \
     --out "$OUT/calibrated.json" --json > "$OUT/calibrate.json"
-for planner in random_padded isf unified; do
-    "$PY" -m longpack.cli train --workload "$WORKLOAD" --samples 20000 --model "$MODEL" --planner "$planner" \
+for planner in random_padded bfd isf unified; do
+    $LAUNCH -m longpack.cli train --workload "$WORKLOAD" --samples 20000 --model "$MODEL" --planner "$planner" \
         --dtype "$DTYPE" --steps "$STEPS" --global-batch "$BATCH" --bucket-size "$CAP" --json \
         > "$OUT/train-$planner.jsonl"
 done

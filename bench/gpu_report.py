@@ -2,6 +2,9 @@
 
     python bench/gpu_report.py OUT_DIR --model M --workload W --steps N --batch B --cap C [--write]
 
+Peak memory: the largest measured per-rank figure of the timed steps (CUDA max_memory_allocated; on the CPU dry
+run, activations held for backward) beside the cost model's prediction for the same rank and step.
+
 MFU = model FLOPs per second / the GPU's dense bf16 peak: linear FLOPs 3 x (forward) per token and attention
 3 x forward per (query, key) pair of the causal documents actually trained (rebuilt from the same plan), over the
 measured wall time of the steps after the first (compile and allocator warm-up excluded).
@@ -37,7 +40,7 @@ def main() -> None:
     peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
     spec = get_model(args.model)
     rows = []
-    for planner in ("random_padded", "isf", "unified"):
+    for planner in ("random_padded", "bfd", "isf", "unified"):
         log = [json.loads(x) for x in (out / f"train-{planner}.jsonl").read_text().splitlines() if x.startswith("{")]
         steps = [r for r in log if "step" in r]
         run = jobs.RunSpec(workload=args.workload, samples=20000, model=args.model, hardware="h100", dp=1, cp=1,
@@ -58,7 +61,10 @@ def main() -> None:
         seconds = sum(r["step_seconds"] for r in timed)
         tok = sum(r["tokens"] for r in timed)
         achieved = sum(flops[r["step"]] for r in timed) / seconds
-        rows.append((planner, tok / seconds, achieved, achieved / peak if peak else None, steps[-1]["loss"]))
+        mem = max(max(r["memory"]["measured_bytes"]) for r in timed) / 2**30
+        pred = max(max(r["memory"]["predicted_bytes"]) for r in timed) / 2**30
+        rows.append((planner, tok / seconds, achieved, achieved / peak if peak else None, steps[-1]["loss"], mem,
+                     pred))
         print(f"{planner:14s} {tok / seconds:10.0f} tokens/s  {achieved / 1e12:8.2f} TFLOP/s  "
               f"MFU {'-' if not peak else f'{100 * achieved / peak:.1f}%'}  final loss {steps[-1]['loss']:.4f}")
     base = rows[0][1]
@@ -66,9 +72,11 @@ def main() -> None:
             f"{args.batch}, token cap {args.cap}, {args.steps} steps (first excluded).\n\n"
             f"Calibration fit on the GPU: rms {100 * cal['rms_relative_error']:.1f}%, max "
             f"{100 * cal['max_relative_error']:.1f}% over {len(cal['points'])} packs.\n\n"
-            "| planner | tokens/s | vs padded | TFLOP/s | MFU | final loss |\n|---|---|---|---|---|---|\n"
+            "| planner | tokens/s | vs padded | TFLOP/s | MFU | final loss | peak GiB measured | predicted |\n"
+            "|---|---|---|---|---|---|---|---|\n"
             + "\n".join(f"| {p} | {t:.0f} | {t / base:.2f}x | {a / 1e12:.2f} | "
-                        f"{'-' if m is None else f'{100 * m:.1f}%'} | {loss:.4f} |" for p, t, a, m, loss in rows))
+                        f"{'-' if m is None else f'{100 * m:.1f}%'} | {loss:.4f} | {mg:.2f} | {pg:.2f} |"
+                        for p, t, a, m, loss, mg, pg in rows))
     if args.write:
         write_section("gpu", "GPU: calibration, packed vs padded throughput and MFU", "bench/gpu.sh", body)
 

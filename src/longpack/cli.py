@@ -27,25 +27,25 @@ Lengths = Annotated[str | None, typer.Option("--lengths", help="File of lengths:
                                              ".jsonl or .parquet with a length column, or a save_to_disk folder.")]
 Column = Annotated[str, typer.Option(help="Length column in JSONL/Parquet/HF data.")]
 Tokenizer = Annotated[str | None, typer.Option(help="Local HF tokenizer folder, to count tokens of a text column.")]
-Samples = Annotated[int | None, typer.Option(help="Samples to draw from a built-in workload (default: its size).")]
+Samples = Annotated[int | None, typer.Option(min=1, help="Samples to draw from a built-in workload (default: all).")]
 Model = Annotated[str, typer.Option(help="Model preset, e.g. qwen2.5-0.5b, qwen2.5-7b, llama3.1-8b.")]
 Hardware = Annotated[str, typer.Option(help="Hardware preset (h100, h200, a100, cpu) or a HardwareSpec .json.")]
-Dp = Annotated[int, typer.Option(help="Data-parallel degree.")]
-Cp = Annotated[int, typer.Option(help="Context-parallel degree.")]
-Tp = Annotated[int, typer.Option(help="Tensor-parallel degree (a replica spans tp*pp*cp GPUs).")]
-Pp = Annotated[int, typer.Option(help="Pipeline-parallel degree.")]
-World = Annotated[int | None, typer.Option(help="Total GPUs; checked against dp*tp*pp*cp.")]
-Zero = Annotated[int, typer.Option(help="ZeRO stage (0-3) for static memory.")]
-Ckpt = Annotated[int, typer.Option(help="Checkpointed (recomputed) layers per stage.")]
-Bucket = Annotated[int | None, typer.Option(help="Token cap per rank per micro-batch; default from memory model.")]
-GlobalBatch = Annotated[int, typer.Option(help="Sequences per optimizer step.")]
-Steps = Annotated[int | None, typer.Option(help="Plan only the first N optimizer steps (default: a full epoch).")]
-Seed = Annotated[int, typer.Option(help="Seed of the workload and of the global-batch sampler.")]
-MaxLen = Annotated[int | None, typer.Option(help="Samples longer than this follow --overlong (lmsys: 128K).")]
+Dp = Annotated[int, typer.Option(min=1, help="Data-parallel degree.")]
+Cp = Annotated[int, typer.Option(min=1, help="Context-parallel degree.")]
+Tp = Annotated[int, typer.Option(min=1, help="Tensor-parallel degree (a replica spans tp*pp*cp GPUs).")]
+Pp = Annotated[int, typer.Option(min=1, help="Pipeline-parallel degree.")]
+World = Annotated[int | None, typer.Option(min=1, help="Total GPUs; checked against dp*tp*pp*cp.")]
+Zero = Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage (0-3) for static memory.")]
+Ckpt = Annotated[int, typer.Option(min=0, help="Checkpointed (recomputed) layers per stage.")]
+Bucket = Annotated[int | None, typer.Option(min=1, help="Token cap per rank per micro-batch; default: memory model.")]
+GlobalBatch = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")]
+Steps = Annotated[int | None, typer.Option(min=1, help="Plan only the first N optimizer steps (default: an epoch).")]
+Seed = Annotated[int, typer.Option(min=0, help="Seed of the workload and of the global-batch sampler.")]
+MaxLen = Annotated[int | None, typer.Option(min=1, help="Samples longer than this follow --overlong (lmsys: 128K).")]
 Overlong = Annotated[str, typer.Option(help="Over-long samples: split (chain of pieces), truncate, drop, error.")]
-PackLen = Annotated[int | None, typer.Option(help="Pack length for isf/ffd/bfd/spfhp (default: the limit).")]
-MicroBatchSize = Annotated[int | None, typer.Option(help="Max rows of padded micro-batches (default 8; 0: as many "
-                                                 "as the token cap allows).")]
+PackLen = Annotated[int | None, typer.Option(min=1, help="Pack length for isf/ffd/bfd/spfhp (default: the limit).")]
+MicroBatchSize = Annotated[int | None, typer.Option(min=0, help="Max rows of padded micro-batches (default 8; 0: as "
+                                                             "many as the token cap allows).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 Opt = Annotated[list[str] | None, typer.Option("--opt", help="Planner option KEY=VALUE (repeatable), e.g. "
                                                "rollback=longest, micro_batch_size=1.")]
@@ -136,8 +136,8 @@ def plan(planner: Annotated[str, typer.Option(help="Planner name.")] = "fixed_cp
 def simulate(plan_file: Annotated[Path, typer.Argument(help="A Plan JSON written by `longpack plan`.")],
              model: Annotated[str | None, typer.Option(help="Model preset (default: the plan's).")] = None,
              hardware: Annotated[str | None, typer.Option(help="Hardware (default: the plan's).")] = None,
-             dp: Annotated[int | None, typer.Option(help="Checked against the plan.")] = None,
-             cp: Annotated[int | None, typer.Option(help="Checked against the plan.")] = None,
+             dp: Annotated[int | None, typer.Option(min=1, help="Checked against the plan.")] = None,
+             cp: Annotated[int | None, typer.Option(min=1, help="Checked against the plan.")] = None,
              json_out: Json = False) -> None:
     """Simulate a Plan JSON: step time, efficiency, balance metrics and memory."""
     from .plan import Plan
@@ -209,9 +209,9 @@ def bench_planning(planner: Annotated[str, typer.Option(help="Planner name.")] =
 @app.command()
 def pipeline(lengths: Annotated[str, typer.Option("--lengths", help="Comma-separated sequence lengths of one step "
                                                   "(forward time units), e.g. 4,2,1,1.")],
-             pp: Annotated[int, typer.Option(help="Pipeline stages.")] = 4,
+             pp: Annotated[int, typer.Option(min=1, help="Pipeline stages.")] = 4,
              chunk_size: Annotated[float | None, typer.Option(help="State-aware 1F1B with this ChunkSize.")] = None,
-             k: Annotated[int, typer.Option(help="Chunks of a chain that keep activations.")] = 1,
+             k: Annotated[int, typer.Option(min=1, help="Chunks of a chain that keep activations.")] = 1,
              bwd_ratio: Annotated[float, typer.Option(help="Backward time / forward time.")] = 2.0,
              json_out: Json = False) -> None:
     """Bubble ratio of one step through a pipeline: 1F1B, or ChunkFlow's state-aware 1F1B with --chunk-size."""
@@ -221,8 +221,8 @@ def pipeline(lengths: Annotated[str, typer.Option("--lengths", help="Comma-separ
         xs = [float(x) for x in lengths.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--lengths {lengths!r}: expected comma-separated numbers like 4,2,1,1") from None
-    if not xs or min(xs) <= 0 or pp < 1 or k < 1 or (chunk_size is not None and chunk_size <= 0):
-        raise ValueError("--lengths must be positive numbers, --pp and --k >= 1, --chunk-size > 0")
+    if not xs or min(xs) <= 0 or pp < 1 or k < 1 or (chunk_size is not None and chunk_size <= 0) or bwd_ratio <= 0:
+        raise ValueError("--lengths must be positive numbers, --pp and --k >= 1, --chunk-size and --bwd-ratio > 0")
     items = [Item(x) for x in xs] if chunk_size is None else chunk_items(xs, chunk_size, k)
     res = schedule(items, pp, bwd_ratio=bwd_ratio, k=k)
     out = {"bubble_ratio": res.bubble_ratio, "makespan": res.makespan, "useful": res.useful,
@@ -230,8 +230,8 @@ def pipeline(lengths: Annotated[str, typer.Option("--lengths", help="Comma-separ
     print(json.dumps(out) if json_out else f"bubble ratio {100 * res.bubble_ratio:.2f}% (makespan {res.makespan:g})")
 
 
-Steps16 = Annotated[int, typer.Option(help="Global batches simulated per configuration.")]
-RepSamples = Annotated[int, typer.Option(help="Samples drawn from each workload.")]
+Steps16 = Annotated[int, typer.Option(min=1, help="Global batches simulated per configuration.")]
+RepSamples = Annotated[int, typer.Option(min=1, help="Samples drawn from each workload.")]
 
 
 @reproduce_app.command("skrull")
@@ -251,7 +251,7 @@ def reproduce_skrull(steps: Steps16 = 16, samples: RepSamples = 50_000, seed: Se
 
 
 @reproduce_app.command("chunkflow")
-def reproduce_chunkflow(steps: Annotated[int, typer.Option(help="Global batches per configuration.")] = 8,
+def reproduce_chunkflow(steps: Annotated[int, typer.Option(min=1, help="Global batches per configuration.")] = 8,
                         samples: RepSamples = 50_000, seed: Seed = 0, json_out: Json = False) -> None:
     """ChunkFlow's pipeline toy, 7B speedups at 32K/256K, (ChunkSize, K) sweep and memory vs context."""
     from .reproduce.chunkflow import reproduce
@@ -269,9 +269,10 @@ def reproduce_chunkflow(steps: Annotated[int, typer.Option(help="Global batches 
 def calibrate(out: Annotated[Path, typer.Option(help="HardwareSpec JSON to write.")] = Path("calibrated.json"),
               model: Annotated[str, typer.Option(help="Model shape to time (random init).")] = "tiny-llama",
               base: Annotated[str, typer.Option(help="Hardware preset for memory and collectives.")] = "cpu",
-              repeats: Annotated[int, typer.Option(help="Timed steps per grid point (median).")] = 3,
-              threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
-              nproc: Annotated[int, typer.Option(help="Processes timing each point at once (as in training).")] = 1,
+              repeats: Annotated[int, typer.Option(min=1, help="Timed steps per grid point (median).")] = 3,
+              threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+              nproc: Annotated[int, typer.Option(min=1, help="Processes timing each point at once (as in training).")]
+              = 1,
               dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (GPU).")] = "float32",
               grid: Annotated[str, typer.Option(help="cpu (512-4K tokens per pack) or gpu (8K-32K).")] = "cpu",
               json_out: Json = False) -> None:
@@ -301,7 +302,7 @@ def report(out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path
            baseline: Annotated[str, typer.Option(help="Planner the speedups are relative to.")] = "fixed_cp",
            workload: Workload = None, lengths: Lengths = None, column: Column = "length", samples: Samples = None,
            model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1,
-           pp: Pp = 1, global_batch: GlobalBatch = 256, steps: Annotated[int, typer.Option(help="Steps.")] = 4,
+           pp: Pp = 1, global_batch: GlobalBatch = 256, steps: Annotated[int, typer.Option(min=1, help="Steps.")] = 4,
            seed: Seed = 0, bucket_size: Bucket = None, max_len: MaxLen = None, opt: Opt = None) -> None:
     """One self-contained HTML page: comparison table, per-rank load bars, step Gantt chart, memory, lengths."""
     from .report.html import build_report
@@ -319,18 +320,25 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
           workload: Workload = "tiny-longtail", lengths: Lengths = None, column: Column = "length",
           samples: Samples = None, model: Annotated[str, typer.Option(help="Model shape (random init).")] =
           "tiny-llama", hardware: Hardware = "cpu",
-          cp: Annotated[int, typer.Option(help="Context-parallel degree (dp = processes / cp).")] = 1,
+          cp: Annotated[int, typer.Option(min=1, help="Context-parallel degree (dp = processes / cp).")] = 1,
           global_batch: GlobalBatch = 32, steps: Steps = None, seed: Seed = 0,
-          bucket_size: Annotated[int, typer.Option(help="Token cap per rank per micro-batch.")] = 4096,
+          bucket_size: Annotated[int, typer.Option(min=1, help="Token cap per rank per micro-batch.")] = 4096,
           max_len: MaxLen = None, overlong: Overlong = "split", opt: Opt = None,
           lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
           loss: Annotated[str, typer.Option(help="token_mean or sequence_mean, exact over each step.")] =
           "token_mean",
           dtype: Annotated[str, typer.Option(help="float32, float64 or bfloat16.")] = "float32",
           checkpoint_dir: Annotated[str | None, typer.Option(help="Where checkpoints go.")] = None,
-          checkpoint_every: Annotated[int, typer.Option(help="Save every N steps (0: never).")] = 0,
-          resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint.")] = False,
-          nproc: Annotated[int, typer.Option(help="Processes to spawn (ignored under torchrun).")] = 1,
+          checkpoint_every: Annotated[int, typer.Option(min=0, help="Save every N steps (0: never).")] = 0,
+          resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint (an error when there is "
+                                                   "none).")] = False,
+          resume_if_present: Annotated[bool, typer.Option(help="Continue from the latest checkpoint if there is "
+                                                              "one, else start at step 0.")] = False,
+          threads: Annotated[int | None, typer.Option(min=1, help="torch threads per process (default: cores / "
+                                                      "processes).")] = None,
+          timeout: Annotated[float, typer.Option(help="Seconds a collective waits for the other ranks before the "
+                                                 "run ends with one line naming the step.")] = 600.0,
+          nproc: Annotated[int, typer.Option(min=1, help="Processes to spawn (ignored under torchrun).")] = 1,
           data: Annotated[str | None, typer.Option(help="Tokenized SFT rows: JSONL, Parquet or a save_to_disk "
                                                    "folder with input_ids (+ labels or --mask-column), or "
                                                    "messages / text with --tokenizer.")] = None,
@@ -343,7 +351,7 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
                                                          "checkpoint.")] = None,
           fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
                                              "all processes (default when more than one).")] = True,
-          ckpt_layers: Annotated[int, typer.Option(help="Checkpointed layers the plan starts from (the "
+          ckpt_layers: Annotated[int, typer.Option(min=0, help="Checkpointed layers the plan starts from (the "
                                                    "planner may add more per micro-batch).")] = 0,
           json_out: Json = False) -> None:
     """Fine-tune a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
@@ -353,6 +361,8 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
     from .runtime.train import TrainArgs, launch
     from .runtime.train import train as run_train
 
+    if not lr >= 0:
+        raise ValueError(f"--lr {lr}: a learning rate must be >= 0")
     if loss not in MODES:
         raise ValueError(f"--loss {loss!r}: choose one of {', '.join(MODES)}")
     if dtype not in ("float32", "float64", "bfloat16"):
@@ -366,7 +376,8 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
                        bucket_size=bucket_size, max_len=max_len, overlong=overlong, options=_options(opt),
                        ckpt_layers=ckpt_layers)
     args = TrainArgs(planner=planner, run=run, lr=lr, loss=loss, dtype=dtype, checkpoint_dir=checkpoint_dir,
-                     checkpoint_every=checkpoint_every, resume=resume, json_log=json_out, data=data,
+                     checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
+                     threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
                      fsdp=fsdp)
     if "WORLD_SIZE" in os.environ:
@@ -376,7 +387,7 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
 
 
 @reproduce_app.command("hbp")
-def reproduce_hbp(samples: Annotated[int, typer.Option(help="tulu3-longcite samples to plan.")] = 200_000,
+def reproduce_hbp(samples: Annotated[int, typer.Option(min=1, help="tulu3-longcite samples to plan.")] = 200_000,
                   seed: Seed = 0, packers: Annotated[bool, typer.Option(help="Also run Table 13's packers.")] = True,
                   json_out: Json = False) -> None:
     """HBP's Table 6 (ISF, +hierarchical, +balance), group selection (Tables 11/19) and Table 13 packers."""
@@ -392,9 +403,10 @@ def reproduce_hbp(samples: Annotated[int, typer.Option(help="tulu3-longcite samp
 
 
 @reproduce_app.command("all")
-def reproduce_all(steps: Annotated[int, typer.Option(help="Global batches per configuration.")] = 8,
+def reproduce_all(steps: Annotated[int, typer.Option(min=1, help="Global batches per configuration.")] = 8,
                   samples: RepSamples = 50_000,
-                  hbp_samples: Annotated[int, typer.Option(help="tulu3-longcite samples for HBP's setup.")] = 200_000,
+                  hbp_samples: Annotated[int, typer.Option(min=1, help="tulu3-longcite samples for HBP's setup.")]
+                  = 200_000,
                   seed: Seed = 0, json_out: Json = False) -> None:
     """Every seed's setup with the unified planner beside the seed's own: one verdict table, then each seed."""
     from .reproduce.all import reproduce
@@ -412,9 +424,19 @@ def reproduce_all(steps: Annotated[int, typer.Option(help="Global batches per co
 
 
 def main() -> None:
-    """Entry point: run the app; user errors become one line and exit code 2."""
+    """Entry point: run the app; user errors (bad flags included) become one line and exit code 2."""
     try:
-        app()
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except typer.Abort:
+        print("longpack: aborted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # an unknown flag, a value out of range, a non-number
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(2)
+        print(f"longpack: error: {exc.format_message().splitlines()[0]}", file=sys.stderr)  # type: ignore[attr-defined]
+        sys.exit(2)
     except (ValueError, OSError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"longpack: error: {msg}", file=sys.stderr)

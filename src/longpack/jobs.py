@@ -21,12 +21,13 @@ from .cost import CostModel, TrainConfig
 from .hardware import load_hardware
 from .model import ModelSpec, get_model
 from .plan import Plan
-from .planners import PlanContext, get_planner, global_batches
+from .planners import PlanContext, check_options, get_planner, global_batches
 from .sim import SimReport, plan_metrics, simulate
 from .sources import load_lengths
 from .workloads import generate, get_workload
 
-__all__ = ["RunSpec", "load_workload", "build_cost", "run_plan", "compare", "length_stats", "bench_planning"]
+__all__ = ["RunSpec", "load_workload", "build_cost", "check_batch", "run_plan", "compare", "length_stats",
+           "bench_planning"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,10 +100,22 @@ def build_cost(spec: RunSpec, model: ModelSpec | None = None) -> CostModel:
     return cost
 
 
+def check_batch(spec: RunSpec, samples: int) -> None:
+    """Refuse (one line) a global batch larger than the data: it would silently become one step of everything."""
+    if spec.global_batch > samples:
+        source = spec.workload or spec.lengths_file or "the data"
+        raise ValueError(f"--global-batch {spec.global_batch}: more than the {samples} samples of {source}; use "
+                         f"--global-batch {samples} or fewer (or more data)")
+
+
 def run_plan(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
-             default_max_len: int | None = None) -> tuple[Plan, float]:
-    """(validated plan, planning seconds) of ``planner`` over the run's global batches."""
+             default_max_len: int | None = None, *, check: bool = True) -> tuple[Plan, float]:
+    """(validated plan, planning seconds) of ``planner`` over the run's global batches; ``check``: refuse an
+    ``--opt`` key the planner does not read (compare checks against all its planners instead)."""
     p = get_planner(planner)
+    check_batch(spec, len(lengths))
+    if check:
+        check_options([planner], spec.options)
     batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed, steps=spec.steps)
     ctx = PlanContext(cost=cost, seed=spec.seed, options=dict(spec.options))
     max_len = spec.max_len if spec.max_len is not None else default_max_len
@@ -129,15 +142,14 @@ def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]
     if not planners:
         raise ValueError("--planners is empty; name at least one planner")
     names = list(dict.fromkeys(planners + ([baseline] if baseline not in planners else [])))
-    for name in names:
-        get_planner(name)  # fail fast on a typo, before any work
+    check_options(names, spec.options)  # fail fast on a typo in a planner or an option, before any work
     lengths, default_max_len = load_workload(spec)
     cost = build_cost(spec)
     results: dict[str, dict[str, Any]] = {}
     overlong: dict[str, Any] = {}
     plans: dict[str, tuple[Plan, SimReport]] = {}
     for name in names:
-        plan, seconds = run_plan(name, lengths, spec, cost, default_max_len)
+        plan, seconds = run_plan(name, lengths, spec, cost, default_max_len, check=False)
         report = simulate(plan, cost)
         results[name] = summarize(plan, cost, report) | {"plan_seconds": seconds}
         plans[name] = (plan, report)
@@ -214,8 +226,10 @@ def bench_planning(planner: str, spec: RunSpec) -> dict[str, Any]:
     """Plan a full epoch of the workload: wall seconds (untraced run) and peak traced MiB (second run)."""
     lengths, default_max_len = load_workload(spec)
     cost = build_cost(spec)
+    check_batch(spec, len(lengths))
     batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed)
     p = get_planner(planner)
+    check_options([planner], spec.options)
     ctx = PlanContext(cost=cost, seed=spec.seed, options=dict(spec.options))
     max_len = spec.max_len if spec.max_len is not None else default_max_len
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ from transformers import Trainer
 from ..cost import CostModel, TrainConfig
 from ..hardware import load_hardware
 from ..plan import Plan
-from ..planners import PlanContext, get_planner, global_batches
+from ..planners import PlanContext, check_options, get_planner, global_batches
 from ..runtime.hf_model import spec_of
 from ..sim import plan_metrics
 
@@ -145,6 +145,7 @@ class LongpackMixin:
         cost = CostModel(spec_of(model.config), load_hardware(self.lp.hardware),
                          TrainConfig(dp=world, cp=1, token_cap=self.lp.token_cap))
         options = dict(self.lp.options)
+        check_options([self.lp.planner], options)
         if self.lp.planner == "unified":
             options.setdefault("degrees", "1")  # this path runs no context parallelism: every step at CP 1
         ctx = PlanContext(cost=cost, seed=self.lp.seed, options=options)

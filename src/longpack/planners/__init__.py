@@ -1,7 +1,19 @@
 """Planners: turn sequence lengths into a Plan. ``get_planner(name)`` returns one; ``PLANNERS`` lists them."""
 
 from . import baselines, chunkflow, hbp, skrull, unified  # noqa: F401  (registers the built-in planners)
-from .base import PLANNERS, Batch, OverlongError, PlanContext, Planner, get_planner, global_batches, make_plan, register
+from .base import (
+                   PLANNERS,
+                   Batch,
+                   OverlongError,
+                   PlanContext,
+                   Planner,
+                   check_options,
+                   get_planner,
+                   global_batches,
+                   make_plan,
+                   register,
+)
 
-__all__ = ["PLANNERS", "Batch", "OverlongError", "PlanContext", "Planner", "get_planner", "global_batches",
+__all__ = ["PLANNERS", "Batch", "OverlongError", "PlanContext", "Planner", "check_options", "get_planner",
+           "global_batches",
            "make_plan", "register"]

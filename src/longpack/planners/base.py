@@ -28,7 +28,7 @@ from ..cost import CostModel
 from ..model import UnknownNameError
 from ..plan import MicroBatch, Piece, Plan, Replica, Step
 
-__all__ = ["PlanContext", "Batch", "Planner", "register", "get_planner", "PLANNERS", "make_plan",
+__all__ = ["PlanContext", "Batch", "Planner", "register", "get_planner", "check_options", "PLANNERS", "make_plan",
            "global_batches", "apply_overlong", "assemble_step", "OverlongError", "chain_pieces", "place_chains"]
 
 OVERLONG_POLICIES = ("split", "truncate", "drop", "error")
@@ -98,6 +98,7 @@ class Planner:
     """Base class: subclasses set ``name`` and implement :meth:`plan_batch`."""
 
     name: ClassVar[str] = ""
+    options: ClassVar[tuple[str, ...]] = ()  # the --opt keys this planner reads
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         raise NotImplementedError
@@ -114,6 +115,16 @@ def register(cls: type[Planner]) -> type[Planner]:
     """Class decorator adding a planner to the registry under ``cls.name``."""
     PLANNERS[cls.name] = cls
     return cls
+
+
+def check_options(planners: Sequence[str], options: Mapping[str, Any]) -> None:
+    """Refuse (one line) an ``--opt`` key that none of ``planners`` reads, naming the options they do take."""
+    known = {name: get_planner(name).options for name in planners}
+    for key in options:
+        if not any(key in opts for opts in known.values()):
+            takes = "; ".join(f"{name} takes {', '.join(opts) if opts else 'no options'}"
+                              for name, opts in known.items())
+            raise ValueError(f"--opt {key}: no such option for {', '.join(planners)} ({takes})")
 
 
 def get_planner(name: str) -> Planner:

@@ -36,6 +36,7 @@ global batch (O(n · bins) for ffd/bfd).
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 
@@ -89,6 +90,7 @@ class RandomPadded(Planner):
     """
 
     name = "random_padded"
+    options = ("micro_batch_size",)
 
     def plan_batch(self, batch: Batch, ctx: PlanContext):
         cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
@@ -113,6 +115,7 @@ class Sorted(Planner):
     Filling to the token cap then spans a wide length range and pads heavily, hence the row limit."""
 
     name = "sorted"
+    options = ("micro_batch_size",)
 
     def plan_batch(self, batch: Batch, ctx: PlanContext):
         cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
@@ -128,6 +131,7 @@ class Sorted(Planner):
 
 
 class PackedBaseline(Planner):
+    options: ClassVar[tuple[str, ...]] = ("pack_len",)
     """Naive packing to a fixed length with one packer, every pack one micro-batch sharded over the CP group.
 
     The pack length is the run's limit, min(--max-len, token cap x cp) (option ``pack_len`` sets it, within the
@@ -161,6 +165,7 @@ class ISF(PackedBaseline):
     """Naive packing with ISF (OmniBal iterative sampling and filtering), HBP's baseline packer."""
 
     name, packer = "isf", "isf"
+    options = ("pack_len", "isf_iters")
 
 
 @register
@@ -195,6 +200,7 @@ class FixedCP(Planner):
     Skrull measured against (DeepSpeed has no packing of its own)."""
 
     name = "fixed_cp"
+    options = ("micro_batch_size",)
 
     def plan_batch(self, batch: Batch, ctx: PlanContext):
         cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp

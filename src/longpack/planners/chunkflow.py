@@ -61,6 +61,7 @@ class ChunkFlow(Planner):
     """Uniform chunks + state-aware chunk scheduling (see the module docstring)."""
 
     name = "chunkflow"
+    options = ("chunk_size", "k")
 
     def plan_batch(self, batch: Batch, ctx: PlanContext):
         k = int(ctx.option("k", 1))

@@ -122,6 +122,7 @@ class HBP(Planner):
     """Hierarchical balance packing (see the module docstring)."""
 
     name = "hbp"
+    options = ("groups", "lengths", "profiles", "step_tokens", "isf_iters", "greedy_fill", "balance", "curriculum")
 
     def plan(self, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
              max_len: int | None = None, overlong: str = "split") -> Plan:

@@ -160,6 +160,7 @@ class Skrull(Planner):
     """Skrull: GDS over DP replicas + DACP inside each micro-batch (see the module docstring)."""
 
     name = "skrull"
+    options = ("loads", "rollback", "partition")
     placer = staticmethod(dacp)
     draw_order = False  # DACP sorts each micro-batch ascending; round-robin takes sequences as drawn
 

@@ -143,6 +143,7 @@ class Unified(Planner):
     """One cost-driven search over CP degree, checkpointing, micro-batch budget and sharding (module docstring)."""
 
     name = "unified"
+    options = ("alphas", "degrees", "refine", "splits", "trades", "mixed_groups", "shard_chains")
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}

@@ -2,10 +2,14 @@
 
 A checkpoint is the folder ``step_NNNNNNNN`` in the checkpoint directory: DCP's files (sharded state of FSDP2
 parameters and AdamW moments, or the whole state without FSDP) plus ``longpack.json`` (step, sampler position,
-plan fingerprint, RNG state). It is written under a temporary name and renamed once every rank has finished, so
-a crash never leaves a half-written checkpoint under a real name. Resuming rebuilds the plan deterministically
-from the same arguments, checks it against the stored fingerprint and continues at the exact next step, so the
-remaining sample order and the final weights equal an uninterrupted run's.
+the run's settings that must not change, a fingerprint of the steps trained so far, RNG state, and a SHA-256 of
+every other file). It is written under a temporary name and renamed once every rank has finished, so a crash never
+leaves a half-written checkpoint under a real name; a checkpoint damaged later (a file changed, cut or missing)
+fails its checksums on load, is named, and the previous one is used. Resuming rebuilds the plan
+deterministically, refuses a changed setting by name, checks that the new plan begins with the steps already
+trained (so a run can be extended with a larger ``--steps``) and continues at the exact next step: the remaining
+sample order and the final weights equal an uninterrupted run's. Checksums assume the folder is visible to rank 0
+(one machine, or a shared file system).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-__all__ = ["save", "load_latest", "plan_fingerprint", "META"]
+__all__ = ["save", "load_latest", "damage", "plan_fingerprint", "steps_fingerprint", "META"]
 
 META = "longpack.json"
 
@@ -37,8 +41,21 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def steps_fingerprint(plan_steps: list[Any]) -> str:
+    """Fingerprint of a plan's first steps (their JSON), the part a resumed run must repeat exactly."""
+    return plan_fingerprint(json.dumps(plan_steps, sort_keys=True, separators=(",", ":")))
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def save(directory: str | Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         sampler: dict[str, int], fingerprint: str, rank: int) -> Path:
+         sampler: dict[str, int], fingerprint: str, rank: int, settings: dict[str, Any] | None = None) -> Path:
     final = Path(directory) / f"step_{step:08d}"
     tmp = final.with_name(final.name + ".tmp")
     if rank == 0:
@@ -48,7 +65,9 @@ def save(directory: str | Path, step: int, *, model: torch.nn.Module, optimizer:
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     if rank == 0:
         rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
-        meta = {"step": step, "sampler": sampler, "plan": fingerprint, "torch_rng": rng}
+        files = {p.name: _sha(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        meta = {"step": step, "sampler": sampler, "plan": fingerprint, "torch_rng": rng, "files": files,
+                "settings": settings or {}}
         (tmp / META).write_text(json.dumps(meta))
     _barrier()
     if rank == 0:
@@ -58,14 +77,38 @@ def save(directory: str | Path, step: int, *, model: torch.nn.Module, optimizer:
     return final
 
 
-def load_latest(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-                ) -> dict[str, Any] | None:
-    """Load the newest complete checkpoint into ``model`` and ``optimizer``; its metadata, or None if none."""
-    done = sorted(p for p in Path(directory).glob("step_*") if p.is_dir() and (p / META).is_file()
-                  and not p.name.endswith(".tmp"))
-    if not done:
+def damage(folder: Path) -> str | None:
+    """What is wrong with the checkpoint ``folder`` (one phrase), or None when its metadata and checksums hold."""
+    try:
+        meta = json.loads((folder / META).read_text())
+        files = meta["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{META} is missing or unreadable"
+    for name, digest in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if _sha(path) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def load_latest(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                warn: Any = None) -> dict[str, Any] | None:
+    """Load the newest intact checkpoint into ``model`` and ``optimizer``; its metadata, or None if none.
+    A damaged checkpoint is reported through ``warn(line)`` and the one before it tried."""
+    done = sorted((p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")),
+                  reverse=True)
+    latest = None
+    for folder in done:
+        why = damage(folder)
+        if why is None:
+            latest = folder
+            break
+        if warn is not None:
+            warn(f"checkpoint {folder} is damaged ({why}); skipping it for the one before")
+    if latest is None:
         return None
-    latest = done[-1]
     meta = json.loads((latest / META).read_text())
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}

@@ -22,6 +22,7 @@ the loss stays the global token mean because every rank weighs its tokens by the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -72,25 +73,29 @@ class CPGroups:
     spans: dict[tuple[int, int], dist.ProcessGroup | None] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, degrees: set[int], world: int, spans: set[tuple[int, int]] | None = None) -> CPGroups:
+    def build(cls, degrees: set[int], world: int, spans: set[tuple[int, int]] | None = None,
+              timeout: float | None = None) -> CPGroups:
+        """``timeout``: seconds a collective of these groups waits for its peers (torch's default otherwise)."""
+        wait = timedelta(seconds=timeout) if timeout else None
         out: dict[int, list[dist.ProcessGroup | None]] = {}
         for c in sorted(degrees):
             if world % c:
                 raise ValueError(f"CP degree {c} does not divide the world of {world} processes")
-            out[c] = [dist.new_group(list(range(i * c, (i + 1) * c))) if c > 1 else None for i in range(world // c)]
+            out[c] = [dist.new_group(list(range(i * c, (i + 1) * c)), timeout=wait) if c > 1 else None
+                      for i in range(world // c)]
         extra: dict[tuple[int, int], dist.ProcessGroup | None] = {}
         for first, c in sorted(spans or ()):
             if c > 1 and first % c:  # an aligned span already has its group above
-                extra[(first, c)] = dist.new_group(list(range(first, first + c)))
+                extra[(first, c)] = dist.new_group(list(range(first, first + c)), timeout=wait)
         return cls(out, extra)
 
     @classmethod
-    def for_plan(cls, plan: Plan, world: int) -> CPGroups:
+    def for_plan(cls, plan: Plan, world: int, timeout: float | None = None) -> CPGroups:
         """The groups of every step of ``plan``: each degree's aligned groups, and the unaligned spans of steps on
         groups of several sizes."""
         spans = {span for s in plan.steps if s.degrees for span in s.spans()}
         degrees = {s.cp for s in plan.steps if not s.degrees} | {c for _, c in spans}
-        return cls.build(degrees, world, spans)
+        return cls.build(degrees, world, spans, timeout)
 
     def group(self, cp: int, rank: int) -> dist.ProcessGroup | None:
         return self.groups[cp][rank // cp]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,9 +35,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_distributed(device: str | None = None) -> DistContext:
+def init_distributed(device: str | None = None, timeout: float | None = None) -> DistContext:
     """Join the process group described by RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (torchrun sets them);
-    a plain single process when they are absent."""
+    a plain single process when they are absent. ``timeout``: seconds any collective may wait for its peers before
+    it fails (every group inherits it), so a dead or frozen rank ends the run instead of hanging it."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
@@ -44,7 +46,8 @@ def init_distributed(device: str | None = None) -> DistContext:
     if use_cuda:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout) if timeout else None)
     return DistContext(rank=rank, world=world, device=dev)
 
 

@@ -36,6 +36,7 @@ from .accounting import data_report
 from .context_parallel import CPGroups
 from .data import PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed
+from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
 from .step import run_micro_batches
 
@@ -63,8 +64,20 @@ class TrainArgs:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    resume_if_present: bool = False
     json_log: bool = False
     threads: int | None = None
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every {self.checkpoint_every}: must be >= 0 (0: never)")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir DIR to write to")
+        if (self.resume or self.resume_if_present) and not self.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir DIR, the folder of the run to continue")
+        if not self.timeout > 0:
+            raise ValueError(f"--timeout {self.timeout}: must be > 0 seconds")
 
 
 def load_source(args: TrainArgs, vocab: int) -> Source:
@@ -130,6 +143,12 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan) -> to
     return model
 
 
+def _peer_lost(exc: BaseException) -> bool:
+    """True for a collective that failed because a peer stopped answering (timeout, closed connection)."""
+    text = str(exc).lower()
+    return any(w in text for w in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe"))
+
+
 def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
     if ctx.rank != 0:
         return
@@ -162,16 +181,45 @@ def _rank_prediction(plan: Plan, step: int, rank: int, cost: CostModel, activati
     return best
 
 
+def settings(args: TrainArgs, world: int) -> dict[str, Any]:
+    """What a resumed run must share with the checkpoint it continues (every setting but --steps), by flag."""
+    r = args.run
+    return {"planner": args.planner, "data": args.data, "mask-column": args.mask_column, "tokenizer": args.tokenizer,
+            "model-path": args.model_path, "model": r.model, "workload": r.workload, "lengths": r.lengths_file,
+            "samples": r.samples, "seed": r.seed, "global-batch": r.global_batch, "cp": r.cp, "nproc": world,
+            "bucket-size": r.bucket_size, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
+            "ckpt-layers": r.ckpt_layers, "hardware": r.hardware, "loss": args.loss, "lr": args.lr,
+            "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp}
+
+
+def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan: Plan) -> None:
+    """Refuse a resume whose settings changed (naming the flag) or whose plan does not begin with the steps done."""
+    where = f"--resume: the checkpoint {meta['path']}"
+    for flag, now in settings(args, world).items():
+        then = meta.get("settings", {}).get(flag, now)
+        if then != now:
+            raise ValueError(f"{where} was made with --{flag} {then!r}, this run has {now!r}; resume with the same "
+                             f"--{flag} (only --steps may change)")
+    done = int(meta["step"])
+    if done > len(plan.steps):
+        raise ValueError(f"{where} has trained {done} steps; --steps {len(plan.steps)} is fewer")
+    if checkpoint.steps_fingerprint(plan.to_dict()["steps"][:done]) != meta["plan"]:
+        raise ValueError(f"{where}: this run's plan does not begin with the {done} steps already trained (planner "
+                         f"{args.planner} lays out the whole run at once); resume with the same --steps")
+
+
 def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: PlanSampler,
-            fingerprint: str) -> None:
-    if not (args.resume and args.checkpoint_dir):
+            ctx: DistContext, plan: Plan) -> None:
+    if not (args.resume or args.resume_if_present) or not args.checkpoint_dir:
         return
-    meta = checkpoint.load_latest(args.checkpoint_dir, model=model, optimizer=opt)
+    warn = (lambda line: print(f"longpack: warning: {line}", file=sys.stderr, flush=True)) if ctx.rank == 0 else None
+    meta = checkpoint.load_latest(args.checkpoint_dir, model=model, optimizer=opt, warn=warn)
     if meta is None:
-        return
-    if meta["plan"] != fingerprint:
-        raise ValueError(f"--resume: the checkpoint in {args.checkpoint_dir} was made for another plan; "
-                         "use the same data, planner, layout and seed")
+        if args.resume_if_present:
+            return
+        raise ValueError(f"--resume: no checkpoint in {args.checkpoint_dir}; check the folder, or use "
+                         "--resume-if-present to start at step 0 when there is none")
+    _check_resumable(meta, args, ctx.world, plan)
     sampler.load_state_dict(meta["sampler"])
 
 
@@ -215,34 +263,43 @@ def _memory(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_c
 
 def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     """Run the plan; returns {"steps": [per-step records], "summary": {...}, "data": {...}, "model": model}."""
-    ctx = ctx or init_distributed()
+    ctx = ctx or init_distributed(timeout=args.timeout)
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = model_spec(args)
+    check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+               fsdp=args.fsdp and ctx.distributed, dtype=DTYPES[args.dtype], device=ctx.device)
     source = load_source(args, spec.vocab)
     plan, cost = build_plan(args, ctx.world, source, spec)
     # the memory prediction at the run's own activation width (the planning model assumes bf16)
     mem_cost = CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize))
     report = data_report(plan, source)
     _emit(ctx, args, {"data": report})
-    fingerprint = checkpoint.plan_fingerprint(plan.to_json())
+    plan_steps = plan.to_dict()["steps"]
     model = _model(args, spec, ctx, plan)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     sampler = PlanSampler(plan, ctx.rank)
-    groups = CPGroups.for_plan(plan, ctx.world) if ctx.distributed and max(s.cp for s in plan.steps) > 1 else None
+    wide = ctx.distributed and max(s.cp for s in plan.steps) > 1
+    groups = CPGroups.for_plan(plan, ctx.world, args.timeout) if wide else None
     sync = None
     if args.fsdp and ctx.distributed:
         from .parallelize import StepSync
 
         sync = StepSync(model, ctx.device)
-    _resume(args, model, opt, sampler, fingerprint)
+    _resume(args, model, opt, sampler, ctx, plan)
     records: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for step, mbs in sampler:
         t0 = time.perf_counter()
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
-        stats, peak = _step(model, plan, step, mbs, source, ctx, groups, args, sync)
+        try:
+            stats, peak = _step(model, plan, step, mbs, source, ctx, groups, args, sync)
+        except RuntimeError as exc:
+            if ctx.distributed and _peer_lost(exc):
+                raise ValueError(f"step {step}: the other ranks did not answer within --timeout {args.timeout:g} s "
+                                 f"(a rank died or froze): {str(exc).splitlines()[0][:160]}") from None
+            raise
         opt.step()
         opt.zero_grad(set_to_none=True)
         rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
@@ -250,8 +307,9 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         records.append(rec)
         _emit(ctx, args, rec)
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt,
-                            sampler=sampler.state_dict(), fingerprint=fingerprint, rank=ctx.rank)
+            checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt, sampler=sampler.state_dict(),
+                            fingerprint=checkpoint.steps_fingerprint(plan_steps[:step + 1]), rank=ctx.rank,
+                            settings=settings(args, ctx.world))
     elapsed = time.perf_counter() - t_start
     total = sum(r["tokens"] for r in records)
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,
@@ -278,9 +336,11 @@ def _save_output(args: TrainArgs, model: Any, ctx: DistContext) -> None:
         torch.distributed.barrier()
 
 
-def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any]) -> None:
+def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any], errors: str) -> None:
+    """One spawned rank: a user error (or a rank that stopped answering) becomes one line in ``errors/RANK`` and
+    exit code 2, for :func:`launch` to report once."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     args_dict = dict(args_dict)
     args_dict["run"] = jobs.RunSpec(**args_dict["run"])
     args = TrainArgs(**args_dict)
@@ -288,6 +348,10 @@ def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any]) -> None
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         train(args)
+    except (ValueError, OSError) as exc:
+        with open(os.path.join(errors, str(rank)), "w") as f:
+            f.write(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        sys.exit(2)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -297,14 +361,29 @@ def launch(args: TrainArgs, nproc: int) -> None:
     """Spawn ``nproc`` local processes (gloo on CPU) running :func:`train`; rank 0 prints."""
     if nproc < 1:
         raise ValueError(f"--nproc {nproc}: must be >= 1")
-    build_plan(args, nproc)  # fail fast in the parent with a clear message, before spawning anything
+    # fail fast in the parent with a clear message, before allocating or spawning anything
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_fits(model_spec(args), world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype],
+               device=device)
+    build_plan(args, nproc)
     if nproc == 1:
         train(args)
         return
-    import torch.multiprocessing as mp
+    import tempfile
 
-    ctx = mp.start_processes(_worker, args=(nproc, free_port(), asdict(args)), nprocs=nproc, join=False,
-                             start_method="spawn")
-    while not ctx.join():
-        pass
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    with tempfile.TemporaryDirectory(prefix="longpack-errors-") as errors:
+        ctx = mp.start_processes(_worker, args=(nproc, free_port(), asdict(args), errors), nprocs=nproc, join=False,
+                                 start_method="spawn")
+        try:
+            while not ctx.join(grace_period=5):  # a failed rank's peers get 5 s to stop, then SIGKILL
+                pass
+        except ProcessException:
+            said = sorted(os.listdir(errors), key=int)
+            if not said:
+                raise  # not a user error: show the traceback
+            with open(os.path.join(errors, said[0])) as f:
+                raise ValueError(f"rank {said[0]}: {f.read()}") from None
     sys.stdout.flush()

@@ -1,0 +1,92 @@
+"""One baseline of bench/hf_throughput.py under torchrun: transformers.Trainer with padding, or TRL's SFTTrainer
+with packing, on the bench's rows and checkpoint, one epoch; rank 0 prints one JSON line of measured step times.
+
+    torchrun --nproc-per-node 2 bench/_hf_baseline.py {padded|trl} MODEL_DIR ROWS.jsonl TOKENIZER_DIR STEPS BATCH
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+
+class _Timer:
+    """A TrainerCallback that times each optimizer step and counts the real tokens it trained."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.t0 = 0.0
+
+    def hook(self):  # noqa: ANN201
+        from transformers import TrainerCallback
+
+        timer = self
+
+        class Cb(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
+                timer.t0 = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003
+                timer.times.append(time.perf_counter() - timer.t0)
+
+        return Cb()
+
+
+def _pad(rows: list[dict]) -> dict:
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(r["input_ids"]), torch.tensor(r["labels"]), 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def main() -> None:
+    import datasets
+    import transformers
+
+    mode, model_dir, rows_path, tok_dir, steps, batch = sys.argv[1:7]
+    torch.set_num_threads(1)
+    rows = [json.loads(x) for x in open(rows_path)]
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa",
+                                                              dtype=torch.float32)
+    model.config.use_cache = False
+    timer = _Timer()
+    common = dict(output_dir=f"/tmp/hf_baseline_{mode}", num_train_epochs=1, learning_rate=1e-3, report_to=[],
+                  use_cpu=True, ddp_backend="gloo", logging_steps=10**6, save_strategy="no", disable_tqdm=True,
+                  dataloader_num_workers=0, seed=0, ddp_find_unused_parameters=False,
+                  per_device_train_batch_size=int(batch) // world)
+    if mode == "padded":
+        args = transformers.TrainingArguments(**common, remove_unused_columns=False)
+        ds = datasets.Dataset.from_list(rows)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=ds, data_collator=_pad,
+                                       callbacks=[timer.hook()])
+        tokens = None
+    else:
+        import trl
+
+        tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+        ds = datasets.Dataset.from_list([{"input_ids": r["input_ids"],
+                                          "completion_mask": [int(x != -100) for x in r["labels"]]} for r in rows])
+        total = sum(len(r["input_ids"]) for r in rows)
+        # packs of the size that trains the rows in the same number of steps as the other runs
+        pack = max(max(len(r["input_ids"]) for r in rows), total // (int(steps) * world) + 1)
+        common["per_device_train_batch_size"] = 1
+        args = trl.SFTConfig(**common, packing=True, packing_strategy="bfd_split", max_length=pack,
+                             completion_only_loss=True, dataset_kwargs={})
+        trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
+                                 callbacks=[timer.hook()])
+        tokens = pack
+    trainer.train()
+    if trainer.args.process_index == 0:
+        print(json.dumps({"mode": mode, "step_seconds": timer.times, "pack": tokens}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
