@@ -21,6 +21,12 @@ SPEC = ModelSpec(name="parity", layers=2, hidden=32, heads=4, kv_heads=2, head_d
 LENGTHS = np.array([37, 5, 64, 2, 90, 17, 33, 1, 48, 70, 9, 26])
 
 
+def _close() -> None:
+    """Leave the process group together: a rank tearing gloo down while its peer still talks to it can abort."""
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def make_model(attn: str = "longpack") -> torch.nn.Module:
     """transformers' Qwen2ForCausalLM (QKV bias), float64, seeded: the engine's model, or with ``attn="sdpa"`` the
     plain model the references train."""
@@ -79,7 +85,7 @@ def parity_worker(rank: int, world: int, port: int, out: str, planner: str, mode
     loss, grads = packed_grads(planner, world, rank, mode, **options)
     if rank == 0:
         torch.save({"loss": loss, "grads": grads}, out)
-    torch.distributed.destroy_process_group()
+    _close()
 
 
 def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int, cap: int, options: dict,
@@ -109,7 +115,7 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
         torch.save({"loss": float(stats[0]), "grads": dict(zip([k for k, _ in model.named_parameters()], grads,
                                                                  strict=True)), "sharded": sharded, "local": local,
                     "cp": cp}, out)
-    torch.distributed.destroy_process_group()
+    _close()
 
 
 def step_reference(plan, step: int) -> dict[str, torch.Tensor]:
@@ -150,7 +156,7 @@ def adaptive_worker(rank: int, world: int, port: int, out: str, groups_opt: str)
         saved.append({k: g.clone() for (k, _), g in zip(model.named_parameters(), grads, strict=True)})
     if rank == 0:
         torch.save({"plan": plan.to_json(), "grads": saved}, out)
-    torch.distributed.destroy_process_group()
+    _close()
 
 
 def mixed_plan():
@@ -190,7 +196,7 @@ def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
     if rank == 0:
         torch.save({"loss": float(stats[0]), "grads": dict(zip([k for k, _ in model.named_parameters()], grads,
                                                                  strict=True))}, out)
-    torch.distributed.destroy_process_group()
+    _close()
 
 
 def with_ckpt_layers(plan, layers: int):
@@ -232,7 +238,7 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
                  "chunks": sum(1 for *_, p in plan.iter_pieces() if plan.is_chunk(p)),
                  "ckpt": min(mb.ckpt_layers for *_, mb in _micro_batches(plan))}
         torch.save({"loss": float(stats[0]), "grads": grads, "plan": plan.to_json()} | kinds, out)
-    torch.distributed.destroy_process_group()
+    _close()
 
 
 def _micro_batches(plan):

@@ -68,7 +68,6 @@ def _cli(*args):
     (["train", "--steps", "1", "--opt", "nosuch=3"], "--opt nosuch: no such option for isf"),
     (["plan", "--planner", "unified", "--workload", "tiny-longtail", "--model", "tiny", "--hardware", "cpu",
       "--opt", "rollback=longest"], "unified takes"),
-    (["train", "--steps", "1", "--global-batch", "5000", "--samples", "40"], "more than the 40 samples"),
     (["compare", "--workload", "tiny-longtail", "--steps", "2", "--micro-batch-size", "-1"], "--micro-batch-size"),
     (["train", "--max-len", "0", "--steps", "1"], "--max-len"),
 ])
@@ -76,6 +75,14 @@ def test_bad_input_one_line_exit_2(args, says):
     proc = _cli(*args)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_global_batch_larger_than_the_data_is_one_step_said_once():
+    proc = _cli("train", "--global-batch", "5000", "--samples", "40", "--nproc", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = "--global-batch 5000 is more than the 40 samples of tiny-longtail: one step of all 40"
+    assert proc.stderr.count(said) == 1
+    assert sum(1 for x in proc.stdout.splitlines() if x.startswith('{"step"')) == 1
 
 
 def test_compare_accepts_an_option_of_one_of_its_planners():

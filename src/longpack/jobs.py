@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import tracemalloc
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -100,20 +102,30 @@ def build_cost(spec: RunSpec, model: ModelSpec | None = None) -> CostModel:
     return cost
 
 
-def check_batch(spec: RunSpec, samples: int) -> None:
-    """Refuse (one line) a global batch larger than the data: it would silently become one step of everything."""
-    if spec.global_batch > samples:
+def say(line: str) -> None:
+    """A note for the person at the terminal (stderr, so --json output stays clean)."""
+    print(f"longpack: note: {line}", file=sys.stderr, flush=True)
+
+
+def check_batch(spec: RunSpec, samples: int, note: Callable[[str], None] | None = say) -> RunSpec:
+    """``spec`` with a global batch of at most the data: a larger one is one step of every sample, said once."""
+    if spec.global_batch <= samples:
+        return spec
+    if note is not None:
         source = spec.workload or spec.lengths_file or "the data"
-        raise ValueError(f"--global-batch {spec.global_batch}: more than the {samples} samples of {source}; use "
-                         f"--global-batch {samples} or fewer (or more data)")
+        note(f"--global-batch {spec.global_batch} is more than the {samples} samples of {source}: one step of all "
+             f"{samples}")
+    return replace(spec, global_batch=samples)
 
 
 def run_plan(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
-             default_max_len: int | None = None, *, check: bool = True) -> tuple[Plan, float]:
+             default_max_len: int | None = None, *, check: bool = True,
+             note: Callable[[str], None] | None = say) -> tuple[Plan, float]:
     """(validated plan, planning seconds) of ``planner`` over the run's global batches; ``check``: refuse an
-    ``--opt`` key the planner does not read (compare checks against all its planners instead)."""
+    ``--opt`` key the planner does not read (compare checks against all its planners instead); ``note``: where a
+    note for the user goes (None: nowhere)."""
     p = get_planner(planner)
-    check_batch(spec, len(lengths))
+    spec = check_batch(spec, len(lengths), note)
     if check:
         check_options([planner], spec.options)
     batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed, steps=spec.steps)
@@ -144,6 +156,7 @@ def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]
     names = list(dict.fromkeys(planners + ([baseline] if baseline not in planners else [])))
     check_options(names, spec.options)  # fail fast on a typo in a planner or an option, before any work
     lengths, default_max_len = load_workload(spec)
+    spec = check_batch(spec, len(lengths))
     cost = build_cost(spec)
     results: dict[str, dict[str, Any]] = {}
     overlong: dict[str, Any] = {}
@@ -226,7 +239,7 @@ def bench_planning(planner: str, spec: RunSpec) -> dict[str, Any]:
     """Plan a full epoch of the workload: wall seconds (untraced run) and peak traced MiB (second run)."""
     lengths, default_max_len = load_workload(spec)
     cost = build_cost(spec)
-    check_batch(spec, len(lengths))
+    spec = check_batch(spec, len(lengths))
     batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed)
     p = get_planner(planner)
     check_options([planner], spec.options)

@@ -120,7 +120,7 @@ def register(cls: type[Planner]) -> type[Planner]:
 def check_options(planners: Sequence[str], options: Mapping[str, Any]) -> None:
     """Refuse (one line) an ``--opt`` key that none of ``planners`` reads, naming the options they do take."""
     known = {name: get_planner(name).options for name in planners}
-    for key in options:
+    for key in dict(options):
         if not any(key in opts for opts in known.values()):
             takes = "; ".join(f"{name} takes {', '.join(opts) if opts else 'no options'}"
                               for name, opts in known.items())

@@ -143,7 +143,9 @@ class PackedBaseline(Planner):
 
     def plan_batch(self, batch: Batch, ctx: PlanContext):
         cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
-        pack_cap = min(cap, ctx.option("pack_len", batch.piece_len) // cp)
+        # per rank, a pack of pack_len tokens sharded over cp holds ceil(pack_len / cp) (a sample exactly at an odd
+        # limit must fit)
+        pack_cap = min(cap, -(-int(ctx.option("pack_len", batch.piece_len)) // cp))
         whole = batch.whole
         weights = _rank_weights(batch.lengths[whole], cp)
         if weights.size and int(weights.max()) > pack_cap:

@@ -17,7 +17,8 @@ Per global batch, with ChunkSize C (option ``chunk_size``) and K (option ``k``, 
 
 Memory: a rank holds at most K chunks of activations (≈ K·C/cp tokens) plus the chain's stored K/V
 (2·layers·S·h_kv·bytes), so peak memory is set by C, not by the longest sequence; the simulator accounts for both.
-The default C is the largest with K chunks' activations within the token cap: C = cap·cp // K.
+The default C is the largest with K chunks' activations within the token cap: C = (cap // K)·cp, so that
+K·ceil(C / cp) <= cap.
 
 Guarantees: coverage, caps, chain order on one replica, K respected, determinism. Cost: O(n log n + n·chunks)
 per global batch (FFD over the short sequences).
@@ -52,8 +53,16 @@ __all__ = ["ChunkFlow", "chunk_size_for"]
 
 
 def chunk_size_for(ctx: PlanContext, k: int) -> int:
-    """Largest ChunkSize whose K kept chunks fit the token cap per rank."""
-    return max(1, ctx.token_cap * ctx.cp // k)
+    """Largest ChunkSize whose K kept chunks fit the token cap per rank (K · ceil(C / cp) <= cap).
+
+    >>> from longpack.cost import CostModel, TrainConfig
+    >>> from longpack.hardware import get_hardware
+    >>> from longpack.model import get_model
+    >>> ctx = PlanContext(cost=CostModel(get_model("tiny"), get_hardware("cpu"), TrainConfig(cp=2, token_cap=32)))
+    >>> chunk_size_for(ctx, 3)     # 3 chunks of ceil(20 / 2) = 10 tokens per rank fit a cap of 32; 21 would not
+    20
+    """
+    return max(1, ctx.token_cap // k * ctx.cp)
 
 
 @register

@@ -105,9 +105,10 @@ def model_spec(args: TrainArgs) -> ModelSpec:
     return spec_of(AutoConfig.from_pretrained(args.model_path, local_files_only=True))
 
 
-def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None
-               ) -> tuple[Plan, CostModel]:
-    """The plan every rank computes identically (same inputs, same seed), and its cost model."""
+def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
+               note: Any = jobs.say) -> tuple[Plan, CostModel]:
+    """The plan every rank computes identically (same inputs, same seed), and its cost model; ``note``: where notes
+    for the user go (one process says them)."""
     run = args.run
     if run.cp < 1 or world % run.cp:
         raise ValueError(f"--cp {run.cp} must divide the number of processes ({world})")
@@ -123,7 +124,7 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     else:
         lengths, default_max_len = jobs.load_workload(run)
     cost = jobs.build_cost(run, spec)
-    plan, _ = jobs.run_plan(args.planner, lengths, run, cost, default_max_len)
+    plan, _ = jobs.run_plan(args.planner, lengths, run, cost, default_max_len, note=note)
     return plan, cost
 
 
@@ -270,7 +271,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                fsdp=args.fsdp and ctx.distributed, dtype=DTYPES[args.dtype], device=ctx.device)
     source = load_source(args, spec.vocab)
-    plan, cost = build_plan(args, ctx.world, source, spec)
+    plan, cost = build_plan(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
     # the memory prediction at the run's own activation width (the planning model assumes bf16)
     mem_cost = CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize))
     report = data_report(plan, source)
@@ -348,6 +349,8 @@ def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any], errors:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         train(args)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # leave together: tearing gloo down under a peer's feet can abort it
     except (ValueError, OSError) as exc:
         with open(os.path.join(errors, str(rank)), "w") as f:
             f.write(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -365,7 +368,7 @@ def launch(args: TrainArgs, nproc: int) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     check_fits(model_spec(args), world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype],
                device=device)
-    build_plan(args, nproc)
+    build_plan(args, nproc, note=None)  # the ranks say what there is to say
     if nproc == 1:
         train(args)
         return
