@@ -38,6 +38,7 @@ ifdef QUICK
 	cd bench && ../$(BIN)/python train_throughput.py --samples 192 --repeat 1 --write
 	cd bench && ../$(BIN)/python cp_overlap.py --steps 2 --write
 	cd bench && ../$(BIN)/python sim_validation.py --steps 4 --write
+	cd bench && ../$(BIN)/python train_memory.py --tokens 1024 --write
 else
 	cd bench && ../$(BIN)/python planning.py --write
 	cd bench && ../$(BIN)/python hbp_packing.py --write
@@ -47,6 +48,8 @@ else
 	cd bench && ../$(BIN)/python chunk_memory.py --write
 	cd bench && ../$(BIN)/python cp_overlap.py --write
 	cd bench && ../$(BIN)/python sim_validation.py --write
+	cd bench && ../$(BIN)/python train_memory.py --write
+	cd bench && ../$(BIN)/python hf_throughput.py --write
 endif
 	-command -v chromium >/dev/null && cd bench && ../$(BIN)/python report_render.py --write
 

@@ -59,6 +59,22 @@ def test_numeric_option_out_of_range_or_not_a_number_is_one_line(monkeypatch, ca
         assert err.count("\n") == 1 and err.startswith("longpack: error:") and option in err, err
 
 
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_numeric_options_at_zero_where_zero_is_allowed_run(monkeypatch, capsys, command):
+    """0 where the range allows it (seed, ZeRO stage, checkpointed layers, micro-batch size) runs, no traceback."""
+    zeros = [o for p, o, lo in OPTIONS if p == (command,) and lo == 0]
+    assert zeros
+    for option in zeros:
+        argv = [command, "--workload", "tiny-longtail", "--model", "tiny", "--hardware", "cpu", "--steps", "1",
+                "--global-batch", "16", "--planners" if command == "compare" else "--planner", "random_padded",
+                option, "0"]
+        monkeypatch.setattr(sys, "argv", ["longpack", *argv])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        assert exc.value.code == 0, (option, capsys.readouterr().err)
+        capsys.readouterr()
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "longpack.cli", *args], capture_output=True, text=True, timeout=300)
 

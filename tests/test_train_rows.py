@@ -172,3 +172,17 @@ def test_train_counts_empty_dropped_and_truncated_rows(tmp_path):
         assert sum(s["tokens"] for s in steps) == data["trained_tokens"]
     text = _train(*common, "--overlong", "drop")
     assert "2 dropped (110 tokens)" in text.stdout and "1 empty rows left out of the plan" in text.stdout
+
+
+def test_rows_read_alike_from_jsonl_parquet_and_save_to_disk(tmp_path):
+    import datasets
+
+    recs = [{"input_ids": [5, 6, 7, 8], "labels": [IGNORE, 6, 7, 8]}, {"input_ids": [9, 10], "labels": [9, 10]},
+            {"input_ids": [], "labels": []}]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    datasets.Dataset.from_list(recs).to_parquet(str(tmp_path / "r.parquet"))
+    datasets.Dataset.from_list(recs).save_to_disk(str(tmp_path / "r_disk"))
+    got = [load_rows(tmp_path / name) for name in ("r.jsonl", "r.parquet", "r_disk")]
+    for rows in got:
+        assert [a.tolist() for a in rows.ids] == [[5, 6, 7, 8], [9, 10]] and rows.empty == [2]
+        assert [t.tolist() for t in rows.targets] == [[6, 7, 8, IGNORE], [10, IGNORE]]

@@ -117,6 +117,9 @@ def register(cls: type[Planner]) -> type[Planner]:
     return cls
 
 
+_FLAGS = {"pack_len": "--pack-len", "micro_batch_size": "--micro-batch-size"}  # options with a flag of their own
+
+
 def check_options(planners: Sequence[str], options: Mapping[str, Any]) -> None:
     """Refuse (one line) an ``--opt`` key that none of ``planners`` reads, naming the options they do take."""
     known = {name: get_planner(name).options for name in planners}
@@ -124,7 +127,8 @@ def check_options(planners: Sequence[str], options: Mapping[str, Any]) -> None:
         if not any(key in opts for opts in known.values()):
             takes = "; ".join(f"{name} takes {', '.join(opts) if opts else 'no options'}"
                               for name, opts in known.items())
-            raise ValueError(f"--opt {key}: no such option for {', '.join(planners)} ({takes})")
+            flag = _FLAGS.get(key, f"--opt {key}")
+            raise ValueError(f"{flag}: no such option for {', '.join(planners)} ({takes})")
 
 
 def get_planner(name: str) -> Planner:

@@ -138,13 +138,15 @@ class HBP(Planner):
         limit = top if max_len is None else min(max_len, top)
         eff, truncated, dropped, n_split = apply_overlong(lengths, scope, limit, overlong)
         ids = scope[eff[scope] > 0]
-        packs = self._pack(ids, eff, groups, ctx)
+        # samples over the limit (the top group, or a shorter --max-len under split) run as chains of pieces of at
+        # most the limit; the rest are packed whole
+        chains = ids[eff[ids] > limit]
+        packs = self._pack(ids[eff[ids] <= limit], eff, groups, ctx)
         # default step size: one pack of the longest group per replica of that group
         step_tokens = int(ctx.option("step_tokens", top * (world // groups[-1].sp)))
         steps_by_group = [self._steps(g, packs[j], eff, costs[g], ctx, step_tokens, world)
                           for j, g in enumerate(groups)]
-        chains = ids[eff[ids] > top]
-        self._add_chains(chains, eff, groups[-1], steps_by_group[-1], costs[groups[-1]], ctx, world)
+        self._add_chains(chains, eff, groups[-1], steps_by_group[-1], costs[groups[-1]], ctx, world, limit)
         steps = self._order(steps_by_group, groups, ctx)
         meta = {"seed": ctx.seed, "dp": ctx.dp, "cp": ctx.cp, "tp": ctx.cost.cfg.tp, "pp": ctx.cost.cfg.pp,
                 "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": ctx.token_cap,
@@ -286,14 +288,15 @@ class HBP(Planner):
         return packs[:-r] + sorted(new, key=lambda p: (-p.attn, p.items[0]))
 
     def _add_chains(self, chains: np.ndarray, eff: np.ndarray, g: Group, steps: list[Step], cost: CostModel,
-                    ctx: PlanContext, world: int) -> None:
-        """Samples longer than the top group: a chain of pieces, one per micro-batch, on one replica."""
+                    ctx: PlanContext, world: int, piece: int) -> None:
+        """Samples longer than the limit: a chain of pieces of at most ``piece`` tokens (the top group's length or
+        a shorter --max-len), one per micro-batch, on one replica."""
         if chains.size == 0:
             return
         dp = world // g.sp
         replicas: list[list[MicroBatch]] = [[] for _ in range(dp)]
         for n, s in enumerate(chains.tolist()):
-            for p in chain_pieces(int(s), int(eff[s]), g.length, None if g.sp > 1 else 0):
+            for p in chain_pieces(int(s), int(eff[s]), min(g.length, piece), None if g.sp > 1 else 0):
                 replicas[n % dp].append(MicroBatch(pieces=(p,), ckpt_layers=g.ckpt))
         steps.append(assemble_step(replicas, cp=g.sp, token_cap=cost.token_cap(g.ckpt), group=g.tag))
 
