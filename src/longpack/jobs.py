@@ -146,7 +146,18 @@ def summarize(plan: Plan, cost: CostModel, report: SimReport | None = None) -> d
             "gap_to_bound": 1.0 / report.efficiency - 1.0 if report.efficiency > 0 else float("inf"),
             "dbr": m.dbr, "pr": m.pr,
             "abr": m.abr, "cr": m.cr, "ave_t": m.ave_t, "peak_mem_gib": report.peak_mem_gib,
-            "oom_steps": report.oom_steps, "steps": len(report.steps)}
+            "oom_steps": report.oom_steps, "steps": len(report.steps), "empty_slots": empty_slots(plan)}
+
+
+def empty_slots(plan: Plan) -> float:
+    """Share of micro-batch slots (replicas x micro-batches, over every step) that hold no piece: ranks idle while
+    their peers compute, since every replica of a step runs the same number of micro-batches."""
+    slots = empty = 0
+    for step in plan.steps:
+        for rep in step.replicas:
+            slots += len(rep.micro_batches)
+            empty += sum(1 for mb in rep.micro_batches if not mb.pieces)
+    return empty / slots if slots else 0.0
 
 
 def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]:
@@ -171,12 +182,16 @@ def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]
     # speedup = time to train the same samples (HBP regroups them into its own, more numerous steps, so a ratio of
     # mean step times would flatter it)
     base = results[baseline]["total_s"]
+    base_oom = int(results[baseline]["oom_steps"])
     for r in results.values():
         r["speedup"] = base / r["total_s"] if r["total_s"] > 0 else float("nan")
+        # a baseline that runs out of memory has no real time to be faster than: the speedup is marked
+        r["speedup_valid"] = base_oom == 0
     exact = _exact_gaps(lengths, spec, cost, results, plans, default_max_len)
     setup = spec.describe() | {"token_cap": cost.token_cap(), "samples": int(len(lengths)),
                                "max_len": spec.max_len if spec.max_len is not None else default_max_len}
-    return {"setup": setup, "baseline": baseline, "samples": overlong, "planners": results, "exact": exact}
+    return {"setup": setup, "baseline": baseline, "baseline_oom_steps": base_oom, "samples": overlong,
+            "planners": results, "exact": exact}
 
 
 EXACT_STEPS = 4

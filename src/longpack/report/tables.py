@@ -49,14 +49,22 @@ def compare_table(result: dict[str, Any], console: Console | None = None) -> Non
                       f"{ov.get('truncated', 0)} truncated, {ov.get('dropped', 0)} dropped "
                       f"of {ov.get('scheduled_samples', '?')} scheduled samples")
     t = Table("planner", "steps", "step s", f"speedup vs {result['baseline']}", "efficiency", "gap to bound",
-              "gap to optimum", "DBR", "ABR", "PR", "CR", "Ave-T", "peak GiB", "OOM steps", "plan s")
+              "gap to optimum", "DBR", "ABR", "PR", "CR", "Ave-T", "peak GiB", "OOM steps", "empty slots", "plan s")
+    mark = "" if result.get("baseline_oom_steps", 0) == 0 else " (OOM base)"
     for name, r in sorted(result["planners"].items(), key=lambda kv: kv[1]["total_s"]):
         gap_opt = r.get("gap_to_optimum")
-        t.add_row(name, str(r["steps"]), f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x", f"{r['efficiency']:.3f}",
+        t.add_row(name, str(r["steps"]), f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x{mark}",
+                  f"{r['efficiency']:.3f}",
                   f"{r['gap_to_bound']:+.1%}", "-" if gap_opt is None else f"{gap_opt:+.1%}",
                   f"{r['dbr']:.3f}", f"{r['abr']:.3f}", f"{r['pr']:.3f}", f"{r['cr']:.3f}", _k(r["ave_t"]),
-                  f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"]), f"{r['plan_seconds']:.3f}")
+                  f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"]), f"{r.get('empty_slots', 0.0):.0%}",
+                  f"{r['plan_seconds']:.3f}")
     console.print(t)
+    if mark:
+        b = result["planners"][result["baseline"]]
+        console.print(f"(OOM base): the baseline {result['baseline']} runs out of memory on {b['oom_steps']} of "
+                      f"{b['steps']} steps, so its time is not one it could achieve; the speedups against it are "
+                      "marked")
     console.print("speedup = time to train the same samples; a planner that makes its own steps (hbp) can win part "
                   "of it by taking fewer optimizer steps — compare the steps column")
     ex = result.get("exact") or {}
