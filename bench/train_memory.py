@@ -30,7 +30,7 @@ def measure(vocab: int, tokens: int) -> list[dict]:
     from longpack.hardware import get_hardware
     from longpack.model import get_model
     from longpack.runtime.attention import document_attention
-    from longpack.runtime.engine import checkpointing, decoder_layers, forward_logits
+    from longpack.runtime.engine import checkpointing, forward_logits
     from longpack.runtime.hf_model import build
     from longpack.runtime.memory import ActivationMeter, allocator_peak
 
@@ -53,7 +53,7 @@ def measure(vocab: int, tokens: int) -> list[dict]:
 
         peak = allocator_peak(step)
         meter = ActivationMeter()
-        with meter.measure(decoder_layers(model)):
+        with meter.measure(model):
             step()
         rows.append({"k": k, "peak": peak, "held": meter.peak, "predicted": cost.act_bytes_per_token(k) * 4 * doc})
     return rows

@@ -51,6 +51,13 @@ def test_resume_with_nothing_to_resume_is_an_error_unless_asked(tmp_path):
     assert ok.returncode == 0 and [s["step"] for s in _steps(ok)] == [0]
 
 
+def test_threads_per_process():
+    proc = _train("--steps", "1", "--nproc", "2", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = next(json.loads(x)["summary"] for x in proc.stdout.splitlines() if x.startswith('{"summary"'))
+    assert summary["threads"] == 1
+
+
 def test_spawned_rank_errors_reach_the_user_once(tmp_path):
     _one_line(_train("--steps", "1", "--nproc", "2", "--resume", "--checkpoint-dir", str(tmp_path / "none")),
               "rank 0: --resume: no checkpoint in")

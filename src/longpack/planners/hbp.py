@@ -171,8 +171,8 @@ class HBP(Planner):
 
     @staticmethod
     def _group_cost(cost: CostModel, g: Group, world: int) -> CostModel:
-        return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=g.sp, dp=world // g.sp, ckpt_layers=g.ckpt,
-                                                      token_cap=None))
+        # a configured token cap (--bucket-size) holds for every group; memory sets it otherwise
+        return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=g.sp, dp=world // g.sp, ckpt_layers=g.ckpt))
 
     # --- 2-3. packing and GreedyFill ------------------------------------------------------------------------
     def _pack(self, ids: np.ndarray, eff: np.ndarray, groups: list[Group], ctx: PlanContext) -> list[list[_Pack]]:

@@ -59,7 +59,8 @@ class Group:
 
 
 def _cost_for(cost: CostModel, sp: int, world: int) -> CostModel:
-    return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=sp, dp=world // sp, token_cap=None))
+    """The cost model at SP ``sp``; a configured token cap (--bucket-size) stays, else memory sets it."""
+    return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=sp, dp=world // sp))
 
 
 def _time_per_token(lengths: np.ndarray, length: int, sp: int, ckpt: int, cost: CostModel) -> float:
@@ -118,6 +119,14 @@ def select_groups(lengths: np.ndarray, cost: CostModel, world: int, *, candidate
     sp_set = sorted(sp_set or [1, 2, 4, 8, 16])
     table = (load_profiles(profiles, cost.hw.memory_gib) if profiles
              else profile_strategies(lengths, candidates, sp_set, cost, world))
+    cap = cost.cfg.token_cap
+    if cap is not None and not profiles:  # a configured cap keeps only the packing lengths some SP degree fits
+        fitting = [c for c in candidates if table.get(c)]
+        if not fitting:
+            raise ValueError(f"HBP: no packing length of {candidates} fits --bucket-size {cap} tokens per rank at SP "
+                             f"<= {max(s for s in sp_set if world % s == 0)}; give --opt groups=LEN:SP:CKPT,... or a "
+                             "larger --bucket-size")
+        candidates = fitting
     best: dict[int, Strategy] = {}
     for length in candidates:
         rows = table.get(length, [])

@@ -4,7 +4,8 @@
   state and activations, what the cost model's ``memory_bytes`` predicts (without its reserve).
 * CPU, per step: :class:`ActivationMeter` measures the activation memory autograd holds for
   backward — the peak, over the step, of the bytes of distinct tensor storages saved for backward
-  (``torch.autograd.graph.saved_tensors_hooks``; a storage leaves the count when its last saved tensor is freed),
+  (``torch.autograd.graph.saved_tensors_hooks``; a storage leaves the count when its last saved tensor is freed;
+  parameters, which every matmul saves too, are not counted),
   plus the layer inputs that ``torch.utils.checkpoint`` keeps for recomputation (a checkpointed layer saves nothing
   else). That is what the cost model's ``act_bytes_per_token · tokens`` predicts; static state is not included.
   It does not see the layer a checkpointed backward re-expands, nor the loss's backward temporaries.
@@ -34,12 +35,15 @@ class ActivationMeter:
         self.live: dict[int, list[int]] = {}  # storage pointer -> [bytes, saved tensors alive]
         self.current = 0
         self.peak = 0
+        self.static: set[int] = set()  # storages of parameters: saved by every matmul, but not activations
 
     def _hold(self, t: torch.Tensor) -> None:
         if t.device.type != "cpu" or not t.is_floating_point():
             return
         storage = t.untyped_storage()
         key = storage.data_ptr()
+        if key in self.static:
+            return
         entry = self.live.get(key)
         if entry is None:
             entry = self.live[key] = [storage.nbytes(), 0]
@@ -62,8 +66,13 @@ class ActivationMeter:
         return t
 
     @contextmanager
-    def measure(self, layers: list[torch.nn.Module]) -> Iterator[ActivationMeter]:
-        """Count while the block runs; ``layers``: decoder layers whose checkpointed inputs count too."""
+    def measure(self, model: torch.nn.Module) -> Iterator[ActivationMeter]:
+        """Count while the block runs (``model``'s parameters as they are now, unsharded under FSDP, excluded; its
+        checkpointed decoder layers' inputs included)."""
+        from .engine import decoder_layers
+
+        layers = decoder_layers(model)
+        self.static = {p.untyped_storage().data_ptr() for p in model.parameters() if type(p).__name__ != "DTensor"}
 
         def keep_input(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
             if getattr(module, "gradient_checkpointing", False) and torch.is_grad_enabled() and args:

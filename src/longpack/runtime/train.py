@@ -228,13 +228,11 @@ def _step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Sourc
           groups: CPGroups | None, args: TrainArgs, sync: Any) -> tuple[torch.Tensor, float]:
     """Forward/backward of this rank's micro-batches and the gradient sum; (loss, tokens, targets) summed over
     ranks, and this rank's measured activation peak."""
-    from .engine import decoder_layers
-
     cp, cp_rank, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, 0, None)
     meter = ActivationMeter()
     if sync is not None:
         sync.begin()
-    with meter.measure(decoder_layers(model)):
+    with meter.measure(model):
         loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=args.loss,
                                                   device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
     stats = torch.tensor([loss, float(tokens), float(targets)], dtype=torch.float64)
@@ -316,7 +314,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,
                "final_loss": records[-1]["loss"] if records else float("nan"), "steps": len(records),
                "dropped_samples": report["dropped_samples"], "truncated_samples": report["truncated_samples"],
-               "empty_rows_dropped": report["empty_rows_dropped"], "output_dir": args.output_dir}
+               "empty_rows_dropped": report["empty_rows_dropped"], "output_dir": args.output_dir,
+               "threads": torch.get_num_threads()}
     if args.output_dir:
         _save_output(args, model, ctx)
     _emit(ctx, args, {"summary": summary})
