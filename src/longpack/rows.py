@@ -22,14 +22,14 @@ Cost: one pass over the file; memory O(tokens).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .sources import SourceError, _hf_records, _jsonl_records
+from .sources import SourceError, _hf_records, _jsonl_records, load_tokenizer
 
 __all__ = ["IGNORE", "TokenRows", "load_rows", "shift_labels", "shift_mask"]
 
@@ -103,7 +103,7 @@ def load_rows(path: str | Path, *, mask_column: str | None = None, tokenizer: st
     p = Path(path)
     if not p.exists():
         raise SourceError(f"--data {path}: no such file or folder")
-    tok = _tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if p.is_dir():
         records: Iterable[tuple[str, dict]] = _hf_records(p)
     elif p.suffix == ".jsonl":
@@ -207,14 +207,3 @@ def _chat(messages: Any, where: str, tok: Tokenizer) -> tuple[np.ndarray, np.nda
                               "conversation; tokenize the rows yourself and give input_ids with labels")
         mask[start:len(upto)] = 1
     return np.asarray(full, dtype=np.int64), mask
-
-
-def _tokenizer(path: str) -> Callable:
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise SourceError("--tokenizer needs transformers: pip install 'longpack[hf]'") from None
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"--tokenizer {path!r}: cannot load it offline ({str(exc).splitlines()[0]})") from None

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SourceError", "load_lengths", "check_lengths", "hf_tokenizer"]
+__all__ = ["SourceError", "load_lengths", "check_lengths", "hf_tokenizer", "load_tokenizer"]
 
 Tokenizer = Callable[[str], Sequence[int]]
 
@@ -172,14 +172,20 @@ def _progress(it: Iterable, p: Path, unit: str, total: int | None = None) -> Ite
     yield from track(it, description=f"reading {p.name} ({unit})", total=total, console=None, transient=True)
 
 
-def hf_tokenizer(name_or_path: str) -> Tokenizer:
-    """An HF tokenizer from a local folder (no downloads) as a callable str -> ids."""
+def load_tokenizer(name_or_path: str) -> Any:
+    """A transformers tokenizer from a local folder (no downloads), or one line naming the folder and why."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
         raise SourceError("--tokenizer needs transformers: pip install 'longpack[hf]'") from None
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-    except OSError as exc:
-        raise SourceError(f"--tokenizer {name_or_path!r}: cannot load it offline ({exc})") from None
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"--tokenizer {name_or_path!r}: cannot load it offline ({str(exc).splitlines()[0]})"
+                          ) from None
+
+
+def hf_tokenizer(name_or_path: str) -> Tokenizer:
+    """An HF tokenizer from a local folder (no downloads) as a callable str -> ids."""
+    tok = load_tokenizer(name_or_path)
     return lambda text: tok(text, add_special_tokens=False)["input_ids"]

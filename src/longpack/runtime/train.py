@@ -193,7 +193,7 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
             "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp}
 
 
-def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan: Plan) -> None:
+def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan_steps: list[Any]) -> None:
     """Refuse a resume whose settings changed (naming the flag) or whose plan does not begin with the steps done."""
     where = f"--resume: the checkpoint {meta['path']}"
     for flag, now in settings(args, world).items():
@@ -202,15 +202,15 @@ def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan: Pl
             raise ValueError(f"{where} was made with --{flag} {then!r}, this run has {now!r}; resume with the same "
                              f"--{flag} (only --steps may change)")
     done = int(meta["step"])
-    if done > len(plan.steps):
-        raise ValueError(f"{where} has trained {done} steps; --steps {len(plan.steps)} is fewer")
-    if checkpoint.steps_fingerprint(plan.to_dict()["steps"][:done]) != meta["plan"]:
+    if done > len(plan_steps):
+        raise ValueError(f"{where} has trained {done} steps; --steps {len(plan_steps)} is fewer")
+    if checkpoint.steps_fingerprint(plan_steps[:done]) != meta["plan"]:
         raise ValueError(f"{where}: this run's plan does not begin with the {done} steps already trained (planner "
                          f"{args.planner} lays out the whole run at once); resume with the same --steps")
 
 
 def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: PlanSampler,
-            ctx: DistContext, plan: Plan) -> None:
+            ctx: DistContext, plan_steps: list[Any]) -> None:
     if not (args.resume or args.resume_if_present) or not args.checkpoint_dir:
         return
     warn = (lambda line: print(f"longpack: warning: {line}", file=sys.stderr, flush=True)) if ctx.rank == 0 else None
@@ -220,7 +220,7 @@ def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer,
             return
         raise ValueError(f"--resume: no checkpoint in {args.checkpoint_dir}; check the folder, or use "
                          "--resume-if-present to start at step 0 when there is none")
-    _check_resumable(meta, args, ctx.world, plan)
+    _check_resumable(meta, args, ctx.world, plan_steps)
     sampler.load_state_dict(meta["sampler"])
 
 
@@ -285,7 +285,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         from .parallelize import StepSync
 
         sync = StepSync(model, ctx.device)
-    _resume(args, model, opt, sampler, ctx, plan)
+    _resume(args, model, opt, sampler, ctx, plan_steps)
     records: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for step, mbs in sampler:
