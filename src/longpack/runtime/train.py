@@ -365,9 +365,9 @@ def launch(args: TrainArgs, nproc: int) -> None:
         raise ValueError(f"--nproc {nproc}: must be >= 1")
     # fail fast in the parent with a clear message, before allocating or spawning anything
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check_fits(model_spec(args), world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype],
-               device=device)
-    build_plan(args, nproc, note=None)  # the ranks say what there is to say
+    spec = model_spec(args)
+    check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device)
+    build_plan(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
     if nproc == 1:
         train(args)
         return
