@@ -26,7 +26,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Regenerates docs/BENCHMARKS.md. QUICK=1 (a few minutes) shrinks every benchmark; the full run takes ~30 min.
+# Regenerates docs/BENCHMARKS.md. QUICK=1 shrinks every benchmark (about 25 min on 2 cores); the full run takes hours.
 # The report render needs Debian's chromium (apt-get install chromium); it is skipped when absent.
 # GPU figures come from bench/gpu.sh, run on a GPU machine (WRITE=1 bench/gpu.sh puts them in docs/BENCHMARKS.md).
 bench: $(STAMP)

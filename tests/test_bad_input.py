@@ -81,7 +81,7 @@ def _cli(*args):
 
 @pytest.mark.parametrize("args,says", [
     (["train", "--steps", "1", "--model", "qwen2.5-72b", "--hardware", "cpu"], "GiB per process"),
-    (["train", "--steps", "1", "--opt", "nosuch=3"], "--opt nosuch: no such option for isf"),
+    (["train", "--steps", "1", "--opt", "nosuch=3"], "--opt nosuch: no such option for unified"),
     (["plan", "--planner", "unified", "--workload", "tiny-longtail", "--model", "tiny", "--hardware", "cpu",
       "--opt", "rollback=longest"], "unified takes"),
     (["compare", "--workload", "tiny-longtail", "--steps", "2", "--micro-batch-size", "-1"], "--micro-batch-size"),

@@ -30,11 +30,30 @@ def test_report_page_for_the_issue_setup(tmp_path):
     assert proc.returncode == 0, proc.stderr
     page = _Collect()
     page.feed(out.read_text())
-    # histogram + (load bars, Gantt, memory) for each of the 3 default planners, all embedded PNGs
-    assert len(page.images) == 1 + 3 * 3
+    # histogram + (load bars, Gantt, memory) for each of the 4 default planners, all embedded PNGs
+    assert len(page.images) == 1 + 4 * 3
     assert all(src.startswith("data:image/png;base64,") and len(src) > 1000 for src in page.images)
-    assert page.rows == 1 + 3 and not page.external
-    assert re.search(r"<td>skrull</td>", out.read_text())
+    assert page.rows == 1 + 4 and not page.external
+    text = out.read_text()
+    assert re.search(r"<td>skrull</td>", text) and re.search(r"<td>unified</td>", text)
+    assert text.count("Gantt chart: all 32 ranks") == 4  # every rank drawn, for every planner
+
+
+def test_report_gantt_beyond_its_row_limit_draws_the_replicas_that_finish_last():
+    import numpy as np
+
+    from longpack import jobs
+    from longpack.report.html import gantt
+
+    spec = jobs.RunSpec(workload="lmsys-chat-1m", samples=5000, model="qwen2.5-7b", dp=4, cp=8, steps=2)
+    _, plans = jobs.compare_plans(spec, ["fixed_cp"], "fixed_cp", note=None)
+    plan, report = plans["fixed_cp"]
+    step = max(report.steps, key=lambda s: s.time_s)
+    _, caption = gantt(plan, jobs.build_cost(spec), step.step, max_ranks=16)
+    # the two slowest replicas (8 ranks each) by the simulator's own replica times, named in the caption
+    slowest = sorted(np.argsort(step.replica_s)[-2:].tolist())
+    assert caption.startswith("the 16 ranks of the replicas that finish last, of 32: ")
+    assert caption.endswith(", ".join(f"{8 * r}-{8 * r + 7}" for r in slowest))
 
 
 def test_calibrate_fits_and_saves_a_loadable_hardware_spec(tmp_path):

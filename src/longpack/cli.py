@@ -14,6 +14,10 @@ from typing import Annotated, Any
 import typer
 
 from . import jobs
+from .planners import PLANNERS
+from .report.tables import METRICS
+from .reproduce.all import CHUNKFLOW_STEPS, SKRULL_STEPS
+from .workloads import WORKLOADS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan, simulate and compare packing/balancing schedules for long-context SFT.")
@@ -22,7 +26,11 @@ app.add_typer(bench_app, name="bench")
 reproduce_app = typer.Typer(no_args_is_help=True, help="Re-run a paper's experiments in the simulator.")
 app.add_typer(reproduce_app, name="reproduce")
 
-Workload = Annotated[str | None, typer.Option(help="Built-in workload name (see `longpack stats --help`).")]
+WORKLOAD_NAMES = ", ".join(WORKLOADS)
+PLANNER_NAMES = "unified (recommended), " + ", ".join(n for n in PLANNERS if n != "unified")
+Workload = Annotated[str | None, typer.Option(help=f"Built-in workload: {WORKLOAD_NAMES}.")]
+PlannerName = Annotated[str, typer.Option(help=f"Planner: {PLANNER_NAMES}.")]
+PlannerNames = Annotated[str, typer.Option(help=f"Comma-separated planners: {PLANNER_NAMES}.")]
 Lengths = Annotated[str | None, typer.Option("--lengths", help="File of lengths: .txt (one per line), .npy, "
                                              ".jsonl or .parquet with a length column, or a save_to_disk folder.")]
 Column = Annotated[str, typer.Option(help="Length column in JSONL/Parquet/HF data.")]
@@ -40,6 +48,13 @@ Ckpt = Annotated[int, typer.Option(min=0, help="Checkpointed (recomputed) layers
 Bucket = Annotated[int | None, typer.Option(min=1, help="Token cap per rank per micro-batch; default: memory model.")]
 GlobalBatch = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")]
 Steps = Annotated[int | None, typer.Option(min=1, help="Plan only the first N optimizer steps (default: an epoch).")]
+COMPARE_STEPS = 8  # compare's steps without --steps or --epoch: the answer in seconds, not an hour
+CompareSteps = Annotated[int | None, typer.Option(min=1, help=f"Optimizer steps compared (default {COMPARE_STEPS}; "
+                                                  "--epoch for all).")]
+Epoch = Annotated[bool, typer.Option("--epoch", help="Compare a whole epoch (minutes to hours on large data; "
+                                     "progress is shown).")]
+AllColumns = Annotated[bool, typer.Option("--all-columns", help="Show every metric column (DBR, ABR, PR, CR, Ave-T, "
+                                          "bound and optimum gaps, plan seconds).")]
 Seed = Annotated[int, typer.Option(min=0, help="Seed of the workload and of the global-batch sampler.")]
 MaxLen = Annotated[int | None, typer.Option(min=1, help="Samples longer than this follow --overlong (lmsys: 128K).")]
 Overlong = Annotated[str, typer.Option(help="Over-long samples: split (chain of pieces), truncate, drop, error.")]
@@ -106,7 +121,7 @@ def stats(workload: Workload = None, lengths: Lengths = None, column: Column = "
 
 
 @app.command()
-def plan(planner: Annotated[str, typer.Option(help="Planner name.")] = "fixed_cp",
+def plan(planner: PlannerName = "unified",
          out: Annotated[Path | None, typer.Option(help="Write the Plan JSON here (default: stdout).")] = None,
          workload: Workload = None, lengths: Lengths = None, column: Column = "length", tokenizer: Tokenizer = None,
          samples: Samples = None, model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1,
@@ -118,9 +133,18 @@ def plan(planner: Annotated[str, typer.Option(help="Planner name.")] = "fixed_cp
     spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
                    zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
                    micro_batch_size, opt)
+    from .progress import meter
+    from .sim import simulate as sim
+
     data, default_max_len = jobs.load_workload(spec)
     cost = jobs.build_cost(spec)
-    result, seconds = jobs.run_plan(planner, data, spec, cost, default_max_len)
+    epoch = jobs.epoch_steps(len(data), min(spec.global_batch, len(data)))
+    with meter(f"plan {planner}", min(steps or epoch, epoch), ("planned",), "global batches planned",
+               "--steps N for fewer"):
+        result, seconds = jobs.run_plan(planner, data, spec, cost, default_max_len)
+    line = jobs.oom_note(planner, sim(result, cost, bounds=False), cost)
+    if line is not None:
+        jobs.say(line)
     text = result.to_json()
     if out is None:
         print(text)
@@ -144,7 +168,11 @@ def simulate(plan_file: Annotated[Path, typer.Argument(help="A Plan JSON written
 
     if not plan_file.is_file():
         raise ValueError(f"plan file {plan_file}: no such file")
-    p = Plan.from_json(plan_file.read_text())
+    try:
+        p = Plan.from_json(plan_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc).splitlines()[0]
+        raise ValueError(f"plan file {plan_file}: {why}; give a Plan JSON written by `longpack plan --out`") from None
     p.validate()
     meta = p.meta
     for flag, value, planned in (("--dp", dp, meta.get("dp")), ("--cp", cp, meta.get("cp"))):
@@ -161,22 +189,31 @@ def simulate(plan_file: Annotated[Path, typer.Argument(help="A Plan JSON written
         return
     from .report.tables import compare_table
 
-    compare_table({"setup": spec.describe(), "baseline": p.planner, "samples": meta.get("overlong", {}),
-                   "planners": {p.planner: result | {"speedup": 1.0, "plan_seconds": float("nan")}}})
+    ov = dict(meta.get("overlong", {})) | {"scheduled_samples": len(p.lengths)}
+    setup = spec.describe() | {"workload": str(plan_file), "token_cap": meta.get("token_cap"), "seed":
+                               meta.get("seed", 0), "global_batch": max((len({pc.sample for r in st.replicas for mb in
+                                                                            r.micro_batches for pc in mb.pieces})
+                                                                       for st in p.steps), default=0)}
+    compare_table({"setup": setup, "baseline": p.planner, "samples": ov,
+                   "planners": {p.planner: result | {"speedup": 1.0, "plan_seconds": None}}})
 
 
-@app.command()
-def compare(planners: Annotated[str, typer.Option(help="Comma-separated planner names.")] =
-            "fixed_cp,sorted,isf,random_padded,one_seq",
+@app.command(help="Several planners on the same global batches: simulated step time, speedup, efficiency, "
+             "memory (balance metrics with --all-columns). " + METRICS + ".")
+def compare(planners: PlannerNames = "unified,skrull,chunkflow,hbp,fixed_cp,sorted,isf",
             baseline: Annotated[str, typer.Option(help="Planner the speedups are relative to.")] = "fixed_cp",
             workload: Workload = None, lengths: Lengths = None, column: Column = "length",
             tokenizer: Tokenizer = None, samples: Samples = None, model: Model = "qwen2.5-0.5b",
             hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1, pp: Pp = 1, world: World = None,
             zero_stage: Zero = 2, ckpt_layers: Ckpt = 0, bucket_size: Bucket = None,
-            global_batch: GlobalBatch = 256, steps: Steps = None, seed: Seed = 0, max_len: MaxLen = None,
-            overlong: Overlong = "split", pack_len: PackLen = None, micro_batch_size: MicroBatchSize = None,
-            opt: Opt = None, json_out: Json = False) -> None:
-    """Several planners on the same global batches: simulated step time, speedup, efficiency, balance, memory."""
+            global_batch: GlobalBatch = 256, steps: CompareSteps = None, epoch: Epoch = False, seed: Seed = 0,
+            max_len: MaxLen = None, overlong: Overlong = "split", pack_len: PackLen = None,
+            micro_batch_size: MicroBatchSize = None, opt: Opt = None, all_columns: AllColumns = False,
+            json_out: Json = False) -> None:
+    if epoch and steps is not None:
+        raise ValueError("give --steps N or --epoch, not both")
+    if not epoch and steps is None:
+        steps = COMPARE_STEPS
     spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
                    zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
                    micro_batch_size, opt)
@@ -187,11 +224,11 @@ def compare(planners: Annotated[str, typer.Option(help="Comma-separated planner 
         return
     from .report.tables import compare_table
 
-    compare_table(result)
+    compare_table(result, all_columns=all_columns)
 
 
 @bench_app.command("planning")
-def bench_planning(planner: Annotated[str, typer.Option(help="Planner name.")] = "fixed_cp",
+def bench_planning(planner: PlannerName = "fixed_cp",
                    workload: Workload = "lmsys-chat-1m", samples: Samples = 1_000_000,
                    model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 4, cp: Cp = 8,
                    global_batch: GlobalBatch = 256, seed: Seed = 0, json_out: Json = False) -> None:
@@ -235,7 +272,7 @@ RepSamples = Annotated[int, typer.Option(min=1, help="Samples drawn from each wo
 
 
 @reproduce_app.command("skrull")
-def reproduce_skrull(steps: Steps16 = 16, samples: RepSamples = 50_000, seed: Seed = 0,
+def reproduce_skrull(steps: Steps16 = SKRULL_STEPS, samples: RepSamples = 50_000, seed: Seed = 0,
                      sweeps: Annotated[bool, typer.Option(help="Also run the Fig. 4a sweeps.")] = True,
                      json_out: Json = False) -> None:
     """Skrull's Fig. 3 speedups, Table 3 ablation and Fig. 4a sweeps, beside the paper's figures."""
@@ -251,7 +288,8 @@ def reproduce_skrull(steps: Steps16 = 16, samples: RepSamples = 50_000, seed: Se
 
 
 @reproduce_app.command("chunkflow")
-def reproduce_chunkflow(steps: Annotated[int, typer.Option(min=1, help="Global batches per configuration.")] = 8,
+def reproduce_chunkflow(steps: Annotated[int, typer.Option(min=1, help="Global batches per configuration.")] =
+                        CHUNKFLOW_STEPS,
                         samples: RepSamples = 50_000, seed: Seed = 0, json_out: Json = False) -> None:
     """ChunkFlow's pipeline toy, 7B speedups at 32K/256K, (ChunkSize, K) sweep and memory vs context."""
     from .reproduce.chunkflow import reproduce
@@ -298,7 +336,7 @@ def calibrate(out: Annotated[Path, typer.Option(help="HardwareSpec JSON to write
 
 @app.command()
 def report(out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("longpack-report.html"),
-           planners: Annotated[str, typer.Option(help="Comma-separated planner names.")] = "fixed_cp,skrull,isf",
+           planners: PlannerNames = "unified,fixed_cp,skrull,isf",
            baseline: Annotated[str, typer.Option(help="Planner the speedups are relative to.")] = "fixed_cp",
            workload: Workload = None, lengths: Lengths = None, column: Column = "length", samples: Samples = None,
            model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1,
@@ -316,7 +354,7 @@ def report(out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path
 
 
 @app.command()
-def train(planner: Annotated[str, typer.Option(help="Planner whose plan is trained.")] = "isf",
+def train(planner: PlannerName = "unified",
           workload: Workload = "tiny-longtail", lengths: Lengths = None, column: Column = "length",
           samples: Samples = None, model: Annotated[str, typer.Option(help="Model shape (random init).")] =
           "tiny-llama", hardware: Hardware = "cpu",
@@ -389,11 +427,13 @@ def train(planner: Annotated[str, typer.Option(help="Planner whose plan is train
 @reproduce_app.command("hbp")
 def reproduce_hbp(samples: Annotated[int, typer.Option(min=1, help="tulu3-longcite samples to plan.")] = 200_000,
                   seed: Seed = 0, packers: Annotated[bool, typer.Option(help="Also run Table 13's packers.")] = True,
+                  unified: Annotated[bool, typer.Option(help="Also plan the same samples with unified (most of the "
+                                                        "run time).")] = True,
                   json_out: Json = False) -> None:
     """HBP's Table 6 (ISF, +hierarchical, +balance), group selection (Tables 11/19) and Table 13 packers."""
     from .reproduce.hbp import reproduce
 
-    result = reproduce(samples=samples, seed=seed, packers=packers)
+    result = reproduce(samples=samples, seed=seed, packers=packers, unified=unified)
     if json_out:
         print(json.dumps(result))
         return
@@ -403,7 +443,9 @@ def reproduce_hbp(samples: Annotated[int, typer.Option(min=1, help="tulu3-longci
 
 
 @reproduce_app.command("all")
-def reproduce_all(steps: Annotated[int, typer.Option(min=1, help="Global batches per configuration.")] = 8,
+def reproduce_all(steps: Annotated[int | None, typer.Option(min=1, help="Global batches per configuration (default: "
+                                                            "each seed's own, as `reproduce <seed>` runs it: "
+                                                            "skrull 16, chunkflow 8).")] = None,
                   samples: RepSamples = 50_000,
                   hbp_samples: Annotated[int, typer.Option(min=1, help="tulu3-longcite samples for HBP's setup.")]
                   = 200_000,

@@ -24,12 +24,13 @@ from .hardware import load_hardware
 from .model import ModelSpec, get_model
 from .plan import Plan
 from .planners import PlanContext, check_options, get_planner, global_batches
+from .progress import meter
 from .sim import SimReport, plan_metrics, simulate
 from .sources import load_lengths
 from .workloads import generate, get_workload
 
-__all__ = ["RunSpec", "load_workload", "build_cost", "check_batch", "run_plan", "compare", "length_stats",
-           "bench_planning"]
+__all__ = ["RunSpec", "load_workload", "build_cost", "check_batch", "run_plan", "compare", "compare_plans",
+           "oom_note", "epoch_steps", "length_stats", "bench_planning"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,8 +161,35 @@ def empty_slots(plan: Plan) -> float:
     return empty / slots if slots else 0.0
 
 
-def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]:
+def oom_note(name: str, report: SimReport, cost: CostModel) -> str | None:
+    """One line for a plan that runs out of memory: how many steps, the first such step, its need and the
+    device's capacity; None when every step fits."""
+    bad = [s for s in report.steps if s.oom]
+    if not bad:
+        return None
+    first = bad[0]
+    rank = int(np.argmax(first.peak_mem_bytes))
+    need = max(first.peak_mem_bytes) / 2**30
+    return (f"{name} runs out of memory on {len(bad)} of {len(report.steps)} steps: step {first.step} needs "
+            f"{need:.1f} GiB on rank {rank}, {cost.hw.name} has {cost.hw.memory_gib:g} GiB (lower --bucket-size, "
+            "raise --ckpt-layers or --cp; unified keeps every micro-batch under the memory model's cap)")
+
+
+def epoch_steps(samples: int, global_batch: int) -> int:
+    """Optimizer steps in one epoch of ``samples`` (the last, smaller batch counted)."""
+    return -(-samples // global_batch)
+
+
+def compare(spec: RunSpec, planners: list[str], baseline: str,
+            note: Callable[[str], None] | None = say) -> dict[str, Any]:
     """Every planner on the same global batches; the result is the ``compare --json`` object."""
+    return compare_plans(spec, planners, baseline, note)[0]
+
+
+def compare_plans(spec: RunSpec, planners: list[str], baseline: str, note: Callable[[str], None] | None = say
+                  ) -> tuple[dict[str, Any], dict[str, tuple[Plan, SimReport]]]:
+    """:func:`compare`, with each planner's plan and simulation (for pictures of them). A plan that runs out of
+    memory is said once (``note``) with its first such step and that step's need."""
     if not planners:
         raise ValueError("--planners is empty; name at least one planner")
     names = list(dict.fromkeys(planners + ([baseline] if baseline not in planners else [])))
@@ -172,13 +200,20 @@ def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]
     results: dict[str, dict[str, Any]] = {}
     overlong: dict[str, Any] = {}
     plans: dict[str, tuple[Plan, SimReport]] = {}
-    for name in names:
-        plan, seconds = run_plan(name, lengths, spec, cost, default_max_len, check=False)
-        report = simulate(plan, cost)
-        results[name] = summarize(plan, cost, report) | {"plan_seconds": seconds}
-        plans[name] = (plan, report)
-        overlong = dict(plan.meta["overlong"])
-        overlong["scheduled_samples"] = len(plan.lengths)
+    epoch = epoch_steps(len(lengths), spec.global_batch)
+    n = min(spec.steps, epoch) if spec.steps is not None else epoch
+    with meter("compare", 2 * n * len(names), ("planned", "simulated"), "steps planned and simulated",
+               "--steps N for fewer"):
+        for name in names:
+            plan, seconds = run_plan(name, lengths, spec, cost, default_max_len, check=False)
+            report = simulate(plan, cost)
+            results[name] = summarize(plan, cost, report) | {"plan_seconds": seconds}
+            plans[name] = (plan, report)
+            overlong = dict(plan.meta["overlong"])
+            overlong["scheduled_samples"] = len(plan.lengths)
+            line = oom_note(name, report, cost)
+            if line is not None and note is not None:
+                note(line)
     # speedup = time to train the same samples (HBP regroups them into its own, more numerous steps, so a ratio of
     # mean step times would flatter it)
     base = results[baseline]["total_s"]
@@ -189,9 +224,10 @@ def compare(spec: RunSpec, planners: list[str], baseline: str) -> dict[str, Any]
         r["speedup_valid"] = base_oom == 0
     exact = _exact_gaps(lengths, spec, cost, results, plans, default_max_len)
     setup = spec.describe() | {"token_cap": cost.token_cap(), "samples": int(len(lengths)),
-                               "max_len": spec.max_len if spec.max_len is not None else default_max_len}
+                               "max_len": spec.max_len if spec.max_len is not None else default_max_len,
+                               "steps": n, "epoch_steps": epoch}
     return {"setup": setup, "baseline": baseline, "baseline_oom_steps": base_oom, "samples": overlong,
-            "planners": results, "exact": exact}
+            "planners": results, "exact": exact}, plans
 
 
 EXACT_STEPS = 4

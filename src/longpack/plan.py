@@ -318,6 +318,9 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         try:
-            return cls.from_dict(json.loads(text))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            return cls.from_dict(data)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise PlanError(f"not a longpack plan: {exc}") from None

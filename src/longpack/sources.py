@@ -178,6 +178,9 @@ def load_tokenizer(name_or_path: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError:
         raise SourceError("--tokenizer needs transformers: pip install 'longpack[hf]'") from None
+    if not Path(name_or_path).is_dir():
+        raise SourceError(f"--tokenizer {name_or_path!r}: no such folder; give a local folder with the tokenizer "
+                          "files (tokenizer.json or tokenizer_config.json), e.g. the model's checkpoint folder")
     try:
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except (OSError, ValueError) as exc:

@@ -27,6 +27,7 @@ import numpy as np
 from ..cost import CostModel
 from ..model import UnknownNameError
 from ..plan import MicroBatch, Piece, Plan, Replica, Step
+from ..progress import tick
 
 __all__ = ["PlanContext", "Batch", "Planner", "register", "get_planner", "check_options", "PLANNERS", "make_plan",
            "global_batches", "apply_overlong", "assemble_step", "OverlongError", "chain_pieces", "place_chains"]
@@ -228,6 +229,7 @@ def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarra
     steps = []
     for i, ids in enumerate(batches):
         keep = ids[eff[ids] > 0]
+        tick("planned")
         if keep.size == 0:
             continue
         split_len = max_len if max_len is not None and overlong == "split" else None

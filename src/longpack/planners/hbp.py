@@ -48,6 +48,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plan import MicroBatch, Plan, Step, make_pieces
+from ..progress import tick
 from .base import PlanContext, Planner, apply_overlong, assemble_step, chain_pieces, register
 from .hbp_groups import Group, select_groups
 from .packers import isf
@@ -154,6 +155,7 @@ class HBP(Planner):
                 "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
                          "split_len": max_len if max_len is not None and overlong == "split" else None,
                              "dropped": len(dropped)}}
+        tick("planned", len(batches))  # HBP plans the whole scope at once
         return Plan(planner=self.name, world=world, lengths={int(s): int(lengths[s]) for s in scope},
                     steps=tuple(steps), truncated=truncated, dropped=dropped, meta=meta)
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["stats_table", "compare_table", "skrull_tables", "chunkflow_tables", "hbp_tables"]
+__all__ = ["METRICS", "stats_table", "compare_table", "skrull_tables", "chunkflow_tables", "hbp_tables"]
 
 
 def _console() -> Console:
-    # Off a terminal rich assumes 80 columns and truncates the comparison table; pipes and CI get 160.
+    # Off a terminal (a pipe, CI) rich assumes 80 columns; give it 120 unless COLUMNS says otherwise.
     c = Console()
-    return c if c.is_terminal else Console(width=160)
+    return c if c.is_terminal or os.environ.get("COLUMNS") else Console(width=120)
 
 
 def _k(n: float) -> str:
@@ -37,42 +38,94 @@ def stats_table(data: dict[str, Any], title: str, console: Console | None = None
     console.print(q, b, h)
 
 
-def compare_table(result: dict[str, Any], console: Console | None = None) -> None:
-    console = console or _console()
+METRICS = ("efficiency = the step-time lower bound / the simulated step time (1.0: no schedule of these samples "
+           "on this setup can be faster); DBR, ABR = data, attention balance ratio: Σ(max − load) / (replicas · max) "
+           "of tokens, of attention pairs, per micro-batch slot across data-parallel replicas (0: balanced); PR = pad "
+           "tokens / padded tokens; CR = share of tokens sharded over a CP group; Ave-T = mean real tokens per "
+           "micro-batch; empty slots = micro-batch slots with no work")
+
+
+def _setup_line(result: dict[str, Any]) -> str:
     s = result["setup"]
-    console.print(f"[bold]{s['workload']}[/] on {s['model']} / {s['hardware']}: dp {s['dp']} x cp {s['cp']} "
-                  f"(tp {s['tp']}, pp {s['pp']}), global batch {s['global_batch']}, token cap "
-                  f"{s.get('token_cap', '?')}, seed {s['seed']}")
+    cap = s.get("token_cap")
+    steps = s.get("steps")
+    epoch = s.get("epoch_steps")
+    scope = ""
+    if steps is not None and epoch is not None:
+        scope = (f", {steps} of {epoch:,} steps of the epoch" + (" (--epoch for all)" if steps < epoch else "")
+                 if steps != epoch else f", the whole epoch ({epoch:,} steps)")
+    return (f"[bold]{s['workload']}[/] on {s['model']} / {s['hardware']}: dp {s['dp']} x cp {s['cp']} "
+            f"(tp {s['tp']}, pp {s['pp']}), global batch {s['global_batch']}"
+            + (f", token cap {cap}" if cap is not None else "") + f", seed {s['seed']}{scope}")
+
+
+def compare_table(result: dict[str, Any], console: Console | None = None, all_columns: bool = False) -> None:
+    """The comparison: by default the columns a choice rests on (planner, steps, step s, speedup, efficiency,
+    peak GiB, OOM steps); ``all_columns`` adds the balance metrics, bound and optimum gaps, empty slots and plan
+    seconds. Planners that regroup the samples into a different number of optimizer steps than the baseline are
+    a different training run and get a table of their own below."""
+    console = console or _console()
+    console.print(_setup_line(result))
     ov = result.get("samples", {})
     if ov:
+        sched = ov.get("scheduled_samples")
         console.print(f"over-long ({ov.get('policy')}, limit {ov.get('limit')}): {ov.get('split', 0)} split, "
-                      f"{ov.get('truncated', 0)} truncated, {ov.get('dropped', 0)} dropped "
-                      f"of {ov.get('scheduled_samples', '?')} scheduled samples")
-    t = Table("planner", "steps", "step s", f"speedup vs {result['baseline']}", "efficiency", "gap to bound",
-              "gap to optimum", "DBR", "ABR", "PR", "CR", "Ave-T", "peak GiB", "OOM steps", "empty slots", "plan s")
+                      f"{ov.get('truncated', 0)} truncated, {ov.get('dropped', 0)} dropped"
+                      + (f" of {sched:,} scheduled samples" if sched is not None else ""))
+    base = result["baseline"]
+    rows = result["planners"]
+    base_steps = rows[base]["steps"] if base in rows else None
     mark = "" if result.get("baseline_oom_steps", 0) == 0 else " (OOM base)"
-    for name, r in sorted(result["planners"].items(), key=lambda kv: kv[1]["total_s"]):
-        gap_opt = r.get("gap_to_optimum")
-        t.add_row(name, str(r["steps"]), f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x{mark}",
-                  f"{r['efficiency']:.3f}",
-                  f"{r['gap_to_bound']:+.1%}", "-" if gap_opt is None else f"{gap_opt:+.1%}",
-                  f"{r['dbr']:.3f}", f"{r['abr']:.3f}", f"{r['pr']:.3f}", f"{r['cr']:.3f}", _k(r["ave_t"]),
-                  f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"]), f"{r.get('empty_slots', 0.0):.0%}",
-                  f"{r['plan_seconds']:.3f}")
-    console.print(t)
+    same = {n: r for n, r in rows.items() if base_steps is None or r["steps"] == base_steps}
+    other = {n: r for n, r in rows.items() if n not in same}
+    console.print(_table(same, base, mark, all_columns))
+    if other:
+        console.print(_table(other, base, mark, all_columns,
+                             title="planners that make their own optimizer steps (a different training run)"))
     if mark:
-        b = result["planners"][result["baseline"]]
-        console.print(f"(OOM base): the baseline {result['baseline']} runs out of memory on {b['oom_steps']} of "
-                      f"{b['steps']} steps, so its time is not one it could achieve; the speedups against it are "
-                      "marked")
-    console.print("speedup = time to train the same samples; a planner that makes its own steps (hbp) can win part "
-                  "of it by taking fewer optimizer steps — compare the steps column")
-    ex = result.get("exact") or {}
-    if ex.get("steps"):
-        console.print(f"gap to optimum: over {ex['steps']} step(s) solved exactly (MILP, mean optimal step "
-                      f"{ex['optimal_step_s']:.4f} s); scope: {ex['scope']}")
-    elif ex:
-        console.print(f"gap to optimum: not computed ({ex['note']})")
+        b = rows[base]
+        console.print(f"(OOM base): the baseline {base} runs out of memory on {b['oom_steps']} of {b['steps']} steps, "
+                      "so its time is not one it could achieve; the speedups against it are marked")
+    n_samples = ov.get("scheduled_samples")
+    if len(rows) == 1:
+        n_samples = None
+    what = f"the same {n_samples:,} samples" if n_samples is not None else "the same samples"
+    if len(rows) > 1:
+        steps_note = ("the first table trains" if other else "all train") + \
+            f" them in the same {base_steps} optimizer steps as {base}"
+        if other:
+            steps_note += "; the second in other step counts, so its loss curve differs"
+        console.print(f"speedup = simulated time to train {what} relative to {base} (> 1: faster); {steps_note}")
+    if all_columns:
+        console.print(METRICS)
+        ex = result.get("exact") or {}
+        if ex.get("steps"):
+            console.print(f"gap to optimum: over {ex['steps']} step(s) solved exactly (MILP, mean optimal step "
+                          f"{ex['optimal_step_s']:.4f} s); scope: {ex['scope']}; a planner outside that scope "
+                          "(mixed CP degrees, chains, more micro-batches) can beat it, shown as a negative gap")
+        elif ex:
+            console.print(f"gap to optimum: not computed ({ex['note']})")
+    else:
+        console.print("more columns (balance, bound gaps, plan seconds): --all-columns; everything: --json")
+
+
+def _table(rows: dict[str, dict[str, Any]], base: str, mark: str, all_columns: bool, title: str | None = None
+           ) -> Table:
+    head = ["planner", "steps", "step s", f"speedup vs {base}", "efficiency", "peak GiB", "OOM steps"]
+    if all_columns:
+        head += ["gap to bound", "gap to optimum", "DBR", "ABR", "PR", "CR", "Ave-T", "empty slots", "plan s"]
+    t = Table(*head, title=title)
+    for name, r in sorted(rows.items(), key=lambda kv: kv[1]["total_s"]):
+        cells = [name, str(r["steps"]), f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x{mark}",
+                 f"{r['efficiency']:.3f}", f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"])]
+        if all_columns:
+            gap_opt = r.get("gap_to_optimum")
+            plan_s = r.get("plan_seconds")
+            cells += [f"{r['gap_to_bound']:+.1%}", "-" if gap_opt is None else f"{gap_opt:+.1%}",
+                      f"{r['dbr']:.3f}", f"{r['abr']:.3f}", f"{r['pr']:.3f}", f"{r['cr']:.3f}", _k(r["ave_t"]),
+                      f"{r.get('empty_slots', 0.0):.0%}", "-" if plan_s is None else f"{plan_s:.3f}"]
+        t.add_row(*cells)
+    return t
 
 
 def _x(v: Any) -> str:

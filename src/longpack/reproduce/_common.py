@@ -11,6 +11,7 @@ from ..cost import CostModel, TrainConfig
 from ..hardware import get_hardware
 from ..model import get_model
 from ..planners import PlanContext, get_planner, global_batches
+from ..progress import tick
 from ..sim import simulate
 
 __all__ = ["calibrated_cost", "run_planner"]
@@ -44,5 +45,6 @@ def run_planner(name: str, lengths: np.ndarray, cost: CostModel, *, batch: int, 
     if validate and options.get("rollback") != "none":
         plan.validate()
     report = simulate(plan, cost)
+    tick("run")
     return {"step_time_s": report.mean_step_s, "oom_steps": report.oom_steps,
             "peak_mem_gib": report.peak_mem_gib, "efficiency": report.efficiency}

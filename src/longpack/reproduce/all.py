@@ -12,12 +12,17 @@ from typing import Any
 
 from . import chunkflow, hbp, skrull
 
-__all__ = ["reproduce"]
+__all__ = ["reproduce", "SKRULL_STEPS", "CHUNKFLOW_STEPS"]
+
+SKRULL_STEPS = 16  # the defaults of `reproduce skrull` and `reproduce chunkflow`
+CHUNKFLOW_STEPS = 8
 
 
-def reproduce(*, steps: int = 8, samples: int = 50_000, hbp_samples: int = 200_000, seed: int = 0) -> dict[str, Any]:
-    s = skrull.reproduce(steps=steps, samples=samples, seed=seed, sweeps=False)
-    c = chunkflow.reproduce(steps=steps, samples=samples, seed=seed)
+def reproduce(*, steps: int | None = None, samples: int = 50_000, hbp_samples: int = 200_000, seed: int = 0
+              ) -> dict[str, Any]:
+    """``steps`` None: each seed's own default, so a cell here is the same figure as in ``reproduce <seed>``."""
+    s = skrull.reproduce(steps=steps or SKRULL_STEPS, samples=samples, seed=seed, sweeps=False)
+    c = chunkflow.reproduce(steps=steps or CHUNKFLOW_STEPS, samples=samples, seed=seed)
     h = hbp.reproduce(samples=hbp_samples, seed=seed, packers=False)
     rows = []
     for cell in s["cells"]:

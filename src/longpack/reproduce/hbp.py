@@ -19,6 +19,7 @@ from ..hardware import get_hardware
 from ..model import get_model
 from ..planners import PlanContext, get_planner
 from ..planners.hbp_groups import select_groups
+from ..progress import meter
 from ..sim import plan_metrics, simulate
 from ..workloads import generate
 
@@ -65,9 +66,12 @@ def _run_unified(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
 
     cost = _cost(dp=WORLD // 8, cp=8)
     batches = global_batches(len(lengths), math.ceil(len(lengths) / steps), seed=seed)
-    plan = get_planner("unified").plan(lengths, batches, PlanContext(cost=cost, seed=seed), max_len=128 * K)
-    plan.validate()
-    r, m = simulate(plan, cost), plan_metrics(plan)
+    with meter("reproduce hbp: unified on the same samples", 2 * len(batches), ("planned", "simulated"),
+               "steps planned and simulated",
+               "quicker: fewer samples, --samples N (--hbp-samples N in `reproduce all`)"):
+        plan = get_planner("unified").plan(lengths, batches, PlanContext(cost=cost, seed=seed), max_len=128 * K)
+        plan.validate()
+        r, m = simulate(plan, cost), plan_metrics(plan)
     return {"total_s": r.total_s, "efficiency": r.efficiency, "abr": m.abr, "cr": m.cr, "dbr": m.dbr,
             "oom_steps": r.oom_steps, "steps": len(plan.steps)}
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ..progress import meter
 from ..workloads import generate, get_workload
 from ._common import calibrated_cost, run_planner
 
-__all__ = ["PAPER", "reproduce"]
+__all__ = ["PAPER", "reproduce", "runs"]
 
 K = 1024
 # Fig. 3 read off by papernotes (PAPERS.md §2.11): (vs DeepSpeed, vs sorted batching)
@@ -101,12 +102,19 @@ def _fig4a(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
 def reproduce(*, steps: int = 16, samples: int = 50_000, seed: int = 0, sweeps: bool = True) -> dict[str, Any]:
     """All of Skrull's simulated experiments; ``steps`` global batches per configuration."""
     data = {d: generate(d, samples, seed=seed) for d in ("wikipedia-cn", "lmsys-chat-1m", "chatqa2-long-sft")}
-    cells = [_cell(m, d, data[d], steps, seed) for m in BUCKET for d in data]
-    avg = float(np.mean([c["speedup_vs_fixed_cp"] for c in cells]))
-    out: dict[str, Any] = {
-        "cells": cells, "average_vs_fixed_cp": avg, "paper_average_vs_fixed_cp": 3.76,
-        "average_vs_sorted": float(np.mean([c["speedup_vs_sorted"] for c in cells])), "paper_average_vs_sorted": 3.45,
-        "table3": _table3(data["chatqa2-long-sft"], steps, seed)}
-    if sweeps:
-        out["fig4a"] = _fig4a(data["chatqa2-long-sft"], steps, seed)
+    with meter("reproduce skrull", runs(sweeps), ("run",), "planner runs",
+               "quicker: --steps 4 --samples 10000 --no-sweeps"):
+        cells = [_cell(m, d, data[d], steps, seed) for m in BUCKET for d in data]
+        avg = float(np.mean([c["speedup_vs_fixed_cp"] for c in cells]))
+        out: dict[str, Any] = {
+            "cells": cells, "average_vs_fixed_cp": avg, "paper_average_vs_fixed_cp": 3.76,
+            "average_vs_sorted": float(np.mean([c["speedup_vs_sorted"] for c in cells])),
+            "paper_average_vs_sorted": 3.45, "table3": _table3(data["chatqa2-long-sft"], steps, seed)}
+        if sweeps:
+            out["fig4a"] = _fig4a(data["chatqa2-long-sft"], steps, seed)
     return out
+
+
+def runs(sweeps: bool) -> int:
+    """Planner runs of :func:`reproduce`: 5 per Fig. 3 cell (6 cells), 6 for Table 3, 2 per Fig. 4a point (15)."""
+    return 5 * len(PAPER) + 6 + (2 * 15 if sweeps else 0)

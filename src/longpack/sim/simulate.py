@@ -34,11 +34,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..cost import CostModel
 from ..plan import MicroBatch, Plan, Step
+from ..progress import tick
 from .bounds import mixed_step_bound, step_lower_bound
 from .pipeline import Item
 from .pipeline import schedule as pipeline_schedule
@@ -209,10 +211,8 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     if has_work and bound:  # a step over memory is held to the bound that ignores memory
         lengths = [plan.effective_length(p.sample) for rep in reps for mb in rep.micro_batches for p in mb.pieces
                    if p.start == 0]
-        bound_of = mixed_step_bound if step.mixed else step_lower_bound
-        lb = bound_of(np.asarray(lengths, dtype=np.float64), run_cost,
-                      degrees=[d for d in range(1, n_ranks + 1) if n_ranks % d == 0],
-                      split_len=plan.meta.get("overlong", {}).get("split_len"), memory=not oom)
+        lb = _bound(np.sort(np.asarray(lengths, dtype=np.float64)), run_cost, n_ranks, step.mixed,
+                    plan.meta.get("overlong", {}).get("split_len"), not oom)
     return StepReport(step=index, cp=step.cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
                       bubble_ratio=max(bubbles, default=0.0),
                       replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
@@ -263,6 +263,28 @@ def _with_cp(cost: CostModel, cp: int, dp: int) -> CostModel:
     return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=cp, dp=dp))
 
 
+_BOUNDS: dict[tuple[Any, ...], float] = {}
+BOUND_MEMO = 4096  # entries kept; each is one step's bound
+
+
+def _bound(lengths: np.ndarray, cost: CostModel, n_ranks: int, mixed: bool, split_len: int | None,
+           memory: bool) -> float:
+    """A step's lower bound (bounds.py), memoised: it is a pure function of the step's sorted sample lengths and
+    the setup, and comparing planners on the same global batches asks for the same bound once per planner (each
+    solves small MILPs). The memo holds the last :data:`BOUND_MEMO` bounds."""
+    key = (lengths.tobytes(), cost.model, cost.cfg, repr(cost.hw), n_ranks, mixed, split_len, memory)
+    hit = _BOUNDS.get(key)
+    if hit is not None:
+        return hit
+    bound_of = mixed_step_bound if mixed else step_lower_bound
+    lb = bound_of(lengths, cost, degrees=[d for d in range(1, n_ranks + 1) if n_ranks % d == 0],
+                  split_len=split_len, memory=memory)
+    if len(_BOUNDS) >= BOUND_MEMO:
+        _BOUNDS.pop(next(iter(_BOUNDS)))
+    _BOUNDS[key] = lb
+    return lb
+
+
 def simulate(plan: Plan, cost: CostModel, *, bounds: bool = True) -> SimReport:
     """Simulate every step of ``plan``; see the module docstring for the time model. ``bounds=False`` skips each
     step's lower bound (``lower_bound_s`` 0, so no efficiency), for callers that report times only: the bound
@@ -270,5 +292,8 @@ def simulate(plan: Plan, cost: CostModel, *, bounds: bool = True) -> SimReport:
     if plan.world != cost.cfg.dp * cost.cfg.cp:
         raise ValueError(f"plan world {plan.world} != --dp {cost.cfg.dp} x --cp {cost.cfg.cp}; "
                          "simulate with the layout the plan was made for")
-    return SimReport(steps=tuple(simulate_step(i, step, plan, cost, bound=bounds)
-                                 for i, step in enumerate(plan.steps)))
+    reports = []
+    for i, step in enumerate(plan.steps):
+        reports.append(simulate_step(i, step, plan, cost, bound=bounds))
+        tick("simulated")
+    return SimReport(steps=tuple(reports))

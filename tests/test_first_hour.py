@@ -1,0 +1,180 @@
+"""What a new user meets first: the demo's table at 100 columns, one default planner, OOM said, honest output."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from longpack import jobs
+from longpack.report.tables import compare_table
+
+DEMO = ["--workload", "lmsys-chat-1m", "--model", "qwen2.5-0.5b", "--hardware", "h100", "--dp", "4", "--cp", "8",
+        "--global-batch", "256", "--steps", "8"]
+DEMO_PLANNERS = "unified,skrull,chunkflow,hbp,fixed_cp,sorted,isf,random_padded,one_seq"
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "longpack.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, **(env or {})), cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def demo_result() -> dict:
+    proc = _cli("compare", *DEMO, "--planners", DEMO_PLANNERS, "--baseline", "fixed_cp", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_demo_table_fits_100_columns_uncut(demo_result):
+    buf = io.StringIO()
+    compare_table(demo_result, console=Console(file=buf, width=100))
+    text = buf.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 100
+    for name, r in demo_result["planners"].items():  # every planner's row, every value in full
+        row = next(line for line in text.splitlines() if line.startswith(f"│ {name} "))
+        for cell in (str(r["steps"]), f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x", f"{r['efficiency']:.3f}",
+                     f"{r['peak_mem_gib']:.1f}"):
+            assert cell in row, (name, cell, row)
+
+
+def test_demo_table_at_columns_100_through_the_cli():
+    proc = _cli("compare", *DEMO, "--planners", "unified,fixed_cp,hbp", "--baseline", "fixed_cp",
+                env={"COLUMNS": "100"})
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout and max(len(line) for line in proc.stdout.splitlines()) <= 100
+
+
+def test_compare_shows_planners_with_other_step_counts_apart_and_says_what_speedup_means(demo_result):
+    buf = io.StringIO()
+    compare_table(demo_result, console=Console(file=buf, width=100))
+    text = buf.getvalue()
+    first, _, second = text.partition("planners that make their own optimizer steps")
+    base_steps = demo_result["planners"]["fixed_cp"]["steps"]
+    apart = [n for n, r in demo_result["planners"].items() if r["steps"] != base_steps]
+    assert apart == ["hbp"]  # HBP regroups the 2,048 samples into its own steps
+    assert "│ hbp " in second and "│ hbp " not in first and "│ unified " in first
+    assert "speedup = simulated time to train the same 2,048 samples relative to fixed_cp" in " ".join(text.split())
+    # the default view leaves out the optimum gap (a narrower problem's optimum) and the balance metrics
+    assert "gap to optimum" not in text and "DBR" not in text and "--all-columns" in text
+
+
+def test_compare_all_columns_shows_the_optimum_gap_with_its_scope():
+    proc = _cli("compare", "--workload", "lmsys-chat-1m", "--samples", "2000", "--dp", "2", "--cp", "2",
+                "--global-batch", "8", "--steps", "2", "--planners", "unified,fixed_cp", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["exact"]["steps"] == 2
+    buf = io.StringIO()
+    compare_table(result, console=Console(file=buf, width=250), all_columns=True)
+    text = " ".join(buf.getvalue().split())
+    for col in ("gap to optimum", "DBR", "ABR", "PR", "CR", "Ave-T", "plan s"):
+        assert col in text
+    assert "scope:" in text and "can beat it" in text and "DBR, ABR = data, attention balance ratio" in text
+
+
+def test_compare_defaults_to_8_steps_and_says_so():
+    proc = _cli("compare", "--workload", "lmsys-chat-1m", "--samples", "5000", "--dp", "2", "--cp", "2",
+                "--planners", "fixed_cp,isf")
+    assert proc.returncode == 0, proc.stderr
+    assert "8 of 20 steps of the epoch (--epoch for all)" in " ".join(proc.stdout.split())
+    proc = _cli("compare", "--workload", "lmsys-chat-1m", "--samples", "1000", "--dp", "2", "--cp", "2",
+                "--planners", "fixed_cp", "--epoch", "--json")
+    assert json.loads(proc.stdout)["setup"]["steps"] == 4  # ceil(1000 / 256): the last, smaller batch counted
+    assert _cli("compare", "--workload", "tiny-longtail", "--epoch", "--steps", "2").returncode == 2
+
+
+def test_one_default_planner_unified_everywhere():
+    from longpack import cli
+
+    for command in (cli.plan, cli.train):
+        assert _default(command, "planner") == "unified"
+    for command in (cli.report, cli.compare):
+        assert _default(command, "planners").split(",")[0] == "unified"
+    with open(os.path.join(os.path.dirname(__file__), "..", "Makefile")) as f:
+        assert "--planners unified," in f.read()
+
+
+def _default(command, name: str):
+    import inspect
+
+    return inspect.signature(command).parameters[name].default
+
+
+def test_help_lists_workloads_and_planners():
+    from longpack.planners import PLANNERS
+    from longpack.workloads import WORKLOADS
+
+    for sub in ("compare", "plan", "train", "report"):
+        text = " ".join(_cli(sub, "--help", env={"COLUMNS": "200"}).stdout.split())
+        assert all(w in text for w in WORKLOADS), sub
+        assert all(p in text for p in PLANNERS) and "unified (recommended)" in text, sub
+    assert "stats --help" not in _cli("compare", "--help").stdout
+
+
+def test_plan_and_compare_warn_once_about_a_plan_that_runs_out_of_memory(tmp_path):
+    # fixed_cp at 7B with the whole sample on every rank of its group: over an 80 GiB H100 on the longest steps
+    args = ["--workload", "chatqa2-long-sft", "--model", "qwen2.5-7b", "--dp", "1", "--cp", "8", "--steps", "3",
+            "--samples", "3000", "--bucket-size", "200000"]
+    proc = _cli("plan", "--planner", "fixed_cp", *args, "--out", str(tmp_path / "p.json"))
+    assert proc.returncode == 0, proc.stderr
+    notes = [ln for ln in proc.stderr.splitlines() if "runs out of memory" in ln]
+    assert len(notes) == 1 and re.search(r"fixed_cp runs out of memory on \d+ of 3 steps: step \d+ needs [\d.]+ GiB "
+                                         r"on rank \d+, h100 has 80 GiB", notes[0]), proc.stderr
+    proc = _cli("compare", "--planners", "fixed_cp,unified,isf", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    over = sorted(n for n, r in json.loads(proc.stdout)["planners"].items() if r["oom_steps"])
+    notes = sorted(ln.split()[2] for ln in proc.stderr.splitlines() if "runs out of memory" in ln)
+    assert "fixed_cp" in over and notes == over, proc.stderr  # each plan over memory said exactly once
+
+
+def test_simulate_prints_the_plan_file_its_cap_and_samples(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert _cli("plan", "--planner", "isf", "--workload", "tulu3-longcite", "--samples", "2000", "--dp", "4", "--cp",
+                "8", "--steps", "2", "--out", str(plan)).returncode == 0
+    proc = _cli("simulate", str(plan), env={"COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert f"{plan} on qwen2.5-0.5b" in text and "token cap 48194" in text and "512 scheduled samples" in text
+    for bad in ("None", "?", "nan"):
+        assert bad not in text, (bad, text)
+
+
+def test_simulate_and_tokenizer_errors_name_the_file(tmp_path):
+    bad = tmp_path / "notes.json"
+    bad.write_bytes(b"\xff\xfe\x00binary")
+    proc = _cli("simulate", str(bad))
+    assert proc.returncode == 2 and f"plan file {bad}: not UTF-8 text" in proc.stderr
+    bad.write_text("[1, 2]")
+    proc = _cli("simulate", str(bad))
+    assert proc.returncode == 2 and f"plan file {bad}: not a longpack plan" in proc.stderr
+    lengths = tmp_path / "rows.jsonl"
+    lengths.write_text('{"text": "hello"}\n')
+    proc = _cli("stats", "--lengths", str(lengths), "--column", "text", "--tokenizer", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "no such folder" in proc.stderr and "Repo id" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_reproduce_all_gives_the_same_cell_as_reproduce_skrull():
+    from longpack.reproduce import all as rep_all
+    from longpack.reproduce import skrull
+
+    # enough samples that 16 steps of the widest batch (256) differ from 8: a step default that differed between
+    # the two commands would change the figure
+    # 2,300 samples: 9 batches of 256, so 16 steps (skrull's default) and 8 (the old `all` default) differ
+    alone = skrull.reproduce(samples=2300, sweeps=False)
+    together = rep_all.reproduce(samples=2300, hbp_samples=2000)["skrull"]
+    for a, b in zip(alone["cells"], together["cells"], strict=True):
+        assert a["speedup_vs_fixed_cp"] == b["speedup_vs_fixed_cp"], (a["model"], a["dataset"])
+
+
+def test_compare_job_plans_the_steps_it_says():
+    spec = jobs.RunSpec(workload="tiny-longtail", model="tiny", hardware="cpu", global_batch=8, steps=3)
+    result = jobs.compare(spec, ["isf"], "isf", note=None)
+    assert result["setup"]["steps"] == 3 and result["planners"]["isf"]["steps"] == 3

@@ -1,0 +1,46 @@
+"""Progress of long jobs: counted from the core's own loops, shown after a delay, with the time left and a hint."""
+
+from __future__ import annotations
+
+import io
+
+from longpack import jobs
+from longpack.progress import duration, meter, tick
+
+
+def test_meter_counts_plan_and_simulation_steps_of_compare():
+    spec = jobs.RunSpec(workload="tiny-longtail", model="tiny", hardware="cpu", global_batch=8, steps=5)
+    out = io.StringIO()
+    with meter("outer", 2 * 5 * 2, ("planned", "simulated"), "steps", after=0.0, every=0.0, stream=out) as m:
+        jobs.compare(spec, ["isf", "sorted"], "isf", note=None)
+    # compare's own meter is the inner one while it runs; the outer counts the same ticks
+    assert m.done == m.total == 20
+
+
+def test_meter_is_silent_before_its_delay_and_then_says_time_left_and_hint():
+    quiet, loud = io.StringIO(), io.StringIO()
+    with meter("job", 4, ("run",), "runs", "quicker: --steps 1", after=3600.0, stream=quiet):
+        for _ in range(4):
+            tick("run")
+    assert quiet.getvalue() == ""
+    with meter("job", 4, ("run",), "runs", "quicker: --steps 1", after=0.0, every=0.0, stream=loud):
+        for _ in range(4):
+            tick("run")
+            tick("planned")  # a unit this meter does not count
+    lines = loud.getvalue().splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("longpack: job: 4/4 runs, ")
+    assert all("left (quicker: --steps 1)" in ln for ln in lines)
+
+
+def test_tick_without_a_meter_is_a_no_op_and_durations_read_well():
+    tick("planned")
+    assert duration(12.4) == "12 s" and duration(75) == "1 min 15 s" and duration(3 * 3600 + 120) == "3 h 02 min"
+
+
+def test_reproduce_skrull_counts_the_runs_it_announces():
+    from longpack.reproduce import skrull
+
+    out = io.StringIO()
+    with meter("outer", skrull.runs(False), ("run",), "runs", stream=out) as m:
+        skrull.reproduce(steps=1, samples=600, sweeps=False)
+    assert m.done == skrull.runs(False)
