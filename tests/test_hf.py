@@ -1,4 +1,9 @@
-"""Hugging Face integration: the longpack Trainer's packed step equals plain unpacked Trainer training."""
+"""Hugging Face integration: LongpackTrainer (and TRL's SFTTrainer through it) on the shared engine equals plain
+unpacked ``transformers.Trainer`` training of the same rows, in float64, at CP 1, CP 2 and CP 2 x DP 2."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -6,113 +11,132 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
-from longpack.hf import LongpackConfig, LongpackTrainer, check_document_masking  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-LENGTHS = [37, 5, 64, 12, 90, 17, 33, 3, 48, 70, 9, 26]
-RTOL = 1e-6  # float64; packing changes only the order of additions
+import hf_case  # noqa: E402
 
+from longpack.hf import LongpackConfig, LongpackTrainer, config_message  # noqa: E402
 
-def _model(attn="sdpa"):
-    cfg = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, attn_implementation=attn)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).double()
+LOSS_RTOL = 1e-6  # the Trainer logs float32 losses; ours are float64
+WEIGHT_ATOL = 1e-8  # float64: packing, sharding and reduction change only the order of additions
 
 
-def _dataset():
-    g = torch.Generator().manual_seed(1)
-    rows = [torch.randint(1, 61, (n,), generator=g).tolist() for n in LENGTHS]
-    return datasets.Dataset.from_dict({"input_ids": rows, "labels": rows})
+def _weights_close(a: dict, b: dict) -> float:
+    return max(float((a[k] - v).abs().max()) for k, v in b.items())
 
 
-class _Grab(transformers.TrainerCallback):
-    def __init__(self, model):
-        self.model, self.grads = model, None
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if self.grads is None:
-            self.grads = {k: p.grad.detach().clone() for k, p in self.model.named_parameters()}
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return hf_case.plain(str(tmp_path_factory.mktemp("plain")))
 
 
-def _args(tmp_path, ga):
-    return transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1,
-                                          gradient_accumulation_steps=ga, max_steps=1, learning_rate=1e-3,
-                                          report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,
-                                          dataloader_num_workers=0, seed=0)
+def _check(losses, state, reference):
+    ref_losses, ref_state = reference
+    assert len(losses) == len(ref_losses) == hf_case.STEPS
+    for ours, ref in zip(losses, ref_losses, strict=True):
+        assert ours == pytest.approx(ref, rel=LOSS_RTOL)
+    assert _weights_close(state, ref_state) <= WEIGHT_ATOL
 
 
-@pytest.mark.parametrize("planner", ["skrull", "unified"])
-def test_hf_parity_packed_trainer_step_equals_plain_trainer(tmp_path, planner):
-    plain_model = _model()
-    grab = _Grab(plain_model)
-    ds = _dataset()
-    plain = transformers.Trainer(model=plain_model, args=_args(tmp_path / "plain", len(LENGTHS)), train_dataset=ds,
-                                 callbacks=[grab])
-    plain.train()
-
-    packed_model = _model()
-    grab2 = _Grab(packed_model)
-    trainer = LongpackTrainer(model=packed_model, args=_args(tmp_path / "packed", 1),
-                              train_dataset=ds.remove_columns("labels"), callbacks=[grab2],
-                              longpack=LongpackConfig(planner=planner, global_batch=len(LENGTHS), token_cap=128))
-    assert len(trainer.plan.steps) == 1 and trainer.args.gradient_accumulation_steps < len(LENGTHS)
+def test_hf_parity_one_process_trainer_with_labels(tmp_path, reference):
+    trainer = hf_case.longpack_trainer(str(tmp_path))
     trainer.train()
-    plain_loss = next(x["loss"] for x in plain.state.log_history if "loss" in x)
-    packed_loss = next(x["loss"] for x in trainer.state.log_history if "loss" in x)
-    assert packed_loss == pytest.approx(plain_loss, rel=1e-4)  # logged values are rounded by transformers
-    for name, g in grab.grads.items():
-        err = float((grab2.grads[name] - g).norm() / g.norm())
-        assert err <= RTOL, (name, err)
+    _check([s["loss"] for s in trainer.longpack_steps], trainer.model.state_dict(), reference)
+    logged = [x["loss"] for x in trainer.state.log_history if "loss" in x]
+    assert logged == pytest.approx([s["loss"] for s in trainer.longpack_steps], rel=LOSS_RTOL)
+    assert trainer.model.config._attn_implementation == "sdpa"  # the model's own attention after training
 
 
-def test_hf_refuses_attention_that_mixes_documents():
-    model = _model("sdpa")
-    check_document_masking(model)  # sdpa with position ids honours document boundaries
-    model.config._attn_implementation = "eager"
-    check_document_masking(model)
+def test_hf_parity_one_process_trl_completion_only(tmp_path, reference):
+    pytest.importorskip("trl")
+    trainer = hf_case.longpack_trainer(str(tmp_path), kind="trl")
+    trainer.train()
+    # TRL 1.16 writes labels from its completion_mask while preparing the dataset; either is read as targets
+    assert trainer.longpack_report["rows"]["targets_from"] in ("labels", "completion_mask")
+    _check([s["loss"] for s in trainer.longpack_steps], trainer.model.state_dict(), reference)
 
 
-class _MixingModel(torch.nn.Module):
-    """Attention that ignores document boundaries (a running mean over the whole row)."""
-
-    def __init__(self):
-        super().__init__()
-        self.config = transformers.PretrainedConfig()
-        self.config._attn_implementation = "mixing"
-        self.emb = torch.nn.Embedding(32, 8)
-
-    def forward(self, input_ids, position_ids=None, use_cache=False, **kwargs):
-        x = self.emb(input_ids).cumsum(1) / torch.arange(1, input_ids.shape[1] + 1)[None, :, None]
-        return transformers.modeling_outputs.CausalLMOutput(logits=x)
+def test_hf_parity_completion_mask_column_without_labels(tmp_path, reference):
+    ids, mask = hf_case.rows()
+    ds = datasets.Dataset.from_dict({"input_ids": ids, "completion_mask": mask})
+    trainer = LongpackTrainer(model=hf_case.model(), args=hf_case.args(str(tmp_path), hf_case.STEPS),
+                              train_dataset=ds, longpack=hf_case.config(1))
+    trainer.train()
+    assert trainer.longpack_report["rows"]["targets_from"] == "completion_mask"
+    _check([s["loss"] for s in trainer.longpack_steps], trainer.model.state_dict(), reference)
 
 
-def test_hf_guard_refuses_an_implementation_that_mixes_documents():
-    with pytest.raises(ValueError, match="attn_implementation='mixing' lets packed documents attend"):
-        check_document_masking(_MixingModel())
+def _torchrun(tmp_path, nproc: int, cp: int, kind: str) -> dict:
+    out = tmp_path / "run.pt"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_run.py")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(nproc), script, str(out), str(cp), kind], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=False)
 
 
-def test_hf_trl_sft_trainer_with_longpack_matches_longpack_trainer(tmp_path):
-    trl = pytest.importorskip("trl")
-    from longpack.hf import longpack_trainer_class
+@pytest.mark.parametrize("nproc,kind", [(2, "trainer"), (4, "trainer"), (4, "trl")],
+                         ids=["cp2", "cp2xdp2", "trl-completion-only-cp2xdp2"])
+def test_hf_parity_context_parallel(tmp_path, reference, nproc, kind):
+    if kind == "trl":
+        pytest.importorskip("trl")
+    run = _torchrun(tmp_path, nproc, 2, kind)
+    assert run["sharded"] > 0  # the long rows ran split zigzag over their CP group
+    _check(run["losses"], run["state"], reference)
+    assert run["logged"] == pytest.approx(run["losses"], rel=LOSS_RTOL)
 
-    ds = _dataset().remove_columns("labels")
-    cfg = LongpackConfig(planner="isf", global_batch=len(LENGTHS), token_cap=128)
-    base_model, sft_model = _model(), _model()
-    grab, grab2 = _Grab(base_model), _Grab(sft_model)
-    LongpackTrainer(model=base_model, args=_args(tmp_path / "a", 1), train_dataset=ds, callbacks=[grab],
-                    longpack=cfg).train()
-    sft_args = trl.SFTConfig(output_dir=str(tmp_path / "b"), per_device_train_batch_size=1, max_steps=1,
-                             learning_rate=1e-3, report_to=[], use_cpu=True, save_strategy="no", max_length=None)
-    from tokenizers import Tokenizer, models
 
-    vocab = {f"t{i}": i for i in range(61)}
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
-                                               pad_token="t0", eos_token="t1")  # offline, no hub
-    sft = longpack_trainer_class(trl.SFTTrainer)(model=sft_model, args=sft_args, train_dataset=ds, callbacks=[grab2],
-                                                 processing_class=tok, longpack=cfg)
-    sft.train()
-    for name, g in grab.grads.items():
-        assert float((grab2.grads[name] - g).norm() / g.norm()) <= RTOL, name
+def _rows_dataset(rows, labels=None):
+    cols = {"input_ids": rows}
+    if labels is not None:
+        cols["labels"] = labels
+    return datasets.Dataset.from_dict(cols)
+
+
+def test_hf_all_labels_masked_gives_loss_0_and_unchanged_weights(tmp_path):
+    ids, _ = hf_case.rows()
+    ds = _rows_dataset(ids, [[-100] * len(r) for r in ids])
+    model = hf_case.model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = LongpackTrainer(model=model, args=hf_case.args(str(tmp_path), 2), train_dataset=ds,
+                              longpack=hf_case.config(1))
+    trainer.train()
+    assert [s["loss"] for s in trainer.longpack_steps] == [0.0, 0.0]
+    assert [s["targets"] for s in trainer.longpack_steps] == [0, 0]
+    assert _weights_close(model.state_dict(), before) == 0.0
+
+
+def test_hf_empty_and_overlong_rows_are_counted_and_reported(tmp_path, capsys):
+    ids, _ = hf_case.rows()
+    ds = _rows_dataset(ids[:6] + [[], []] + ids[6:])
+    trainer = LongpackTrainer(model=hf_case.model(), args=hf_case.args(str(tmp_path), 1), train_dataset=ds,
+                              longpack=LongpackConfig(global_batch=8, token_cap=64, max_len=60, overlong="drop"))
+    rep = trainer.longpack_report
+    long = sum(1 for n in hf_case.LENGTHS if n > 60)
+    assert rep["empty_rows_dropped"] == 2 and rep["rows"]["empty_rows"] == [6, 7]
+    assert rep["dropped_samples"] == long and rep["dropped_tokens"] == sum(n for n in hf_case.LENGTHS if n > 60)
+    assert "2 empty rows left out" in rep["line"] and f"{long} dropped" in rep["line"]
+    assert "longpack: data:" in capsys.readouterr().err
+    trainer.train()
+    first = next(x for x in trainer.state.log_history if "loss" in x)
+    assert first["longpack/empty_rows_dropped"] == 2 and first["longpack/dropped_samples"] == long
+    assert first["longpack/rows"] == len(hf_case.LENGTHS) + 2
+
+
+def test_hf_errors_name_the_config_fields_of_this_path(tmp_path):
+    ids, _ = hf_case.rows()
+    with pytest.raises(ValueError) as err:
+        LongpackTrainer(model=hf_case.model(), args=hf_case.args(str(tmp_path), 1), train_dataset=_rows_dataset(ids),
+                        longpack=LongpackConfig(global_batch=8, token_cap=64, overlong="error"))
+    msg = str(err.value)
+    assert "LongpackConfig.overlong" in msg and "LongpackConfig.cp" in msg and "--" not in msg
+    with pytest.raises(ValueError, match=r"LongpackConfig\(overlong='cut'\)"):
+        LongpackConfig(overlong="cut")
+    with pytest.raises(ValueError, match=r"LongpackConfig\(cp=0\)"):
+        LongpackConfig(cp=0)
+    assert config_message("use --max-len or --bucket-size") == \
+        "use LongpackConfig.max_len or LongpackConfig.token_cap"
 
 
 def _example(out_dir, *launcher):

@@ -31,7 +31,7 @@ import numpy as np
 
 from .sources import SourceError, _hf_records, _jsonl_records, load_tokenizer
 
-__all__ = ["IGNORE", "TokenRows", "load_rows", "shift_labels", "shift_mask"]
+__all__ = ["IGNORE", "TokenRows", "load_rows", "rows_from_records", "shift_labels", "shift_mask"]
 
 IGNORE = -100
 
@@ -112,10 +112,17 @@ def load_rows(path: str | Path, *, mask_column: str | None = None, tokenizer: st
         records = _parquet_records(p)
     else:
         raise SourceError(f"--data {path}: expected a .jsonl or .parquet file or a save_to_disk folder")
-    out = TokenRows(ids=[], targets=[], rows=[], source=str(p))
+    return rows_from_records(records, str(p), mask_column=mask_column, tokenizer=tok, what=f"--data {path}")
+
+
+def rows_from_records(records: Iterable[tuple[str, dict]], source: str, *, mask_column: str | None = None,
+                      tokenizer: Tokenizer | None = None, what: str | None = None) -> TokenRows:
+    """:class:`TokenRows` of ``(where, record)`` pairs (a file's rows, or a ``datasets.Dataset``'s): targets as in
+    the module docstring, empty rows left out and counted; ``what`` names the data in the error when none is left."""
+    out = TokenRows(ids=[], targets=[], rows=[], source=source)
     kinds = set()
     for i, (where, rec) in enumerate(records):
-        ids, targets, kind = _row(rec, where, mask_column, tok)
+        ids, targets, kind = _row(rec, where, mask_column, tokenizer)
         kinds.add(kind)
         if ids.size == 0:
             out.empty.append(i)
@@ -124,7 +131,7 @@ def load_rows(path: str | Path, *, mask_column: str | None = None, tokenizer: st
         out.targets.append(targets)
         out.rows.append(i)
     if not out.ids:
-        raise SourceError(f"--data {path}: no non-empty rows ({len(out.empty)} empty); nothing to train")
+        raise SourceError(f"{what or source}: no non-empty rows ({len(out.empty)} empty); nothing to train")
     out.target_kind = "+".join(sorted(kinds))
     return out
 

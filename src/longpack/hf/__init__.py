@@ -1,11 +1,11 @@
 """Hugging Face integration: longpack plans as a drop-in for ``transformers.Trainer`` (public hooks only).
 
-``LongpackTrainer`` plans the training set once with any longpack planner, feeds each process exactly its
-micro-batches of every optimizer step as packed rows (``position_ids`` restarting per document plus the
-flash-attention ``cu_seq_lens_q/k`` and ``max_length_q/k`` kwargs), and computes the loss as the global token mean
-of the step across gradient accumulation and processes.
+``LongpackTrainer`` (or ``longpack_trainer_class(trl.SFTTrainer)``) plans the training set once with any longpack
+planner, over data- and context-parallel ranks, and runs every optimizer step through the same engine as
+``longpack train``: the longpack attention on transformers' own model classes, the exact global target mean of the
+step, one gradient reduction per step (trainer.py).
 """
 
-from .trainer import LongpackConfig, LongpackMixin, LongpackTrainer, check_document_masking, longpack_trainer_class
+from .trainer import LongpackConfig, LongpackMixin, LongpackTrainer, config_message, longpack_trainer_class
 
-__all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "check_document_masking", "longpack_trainer_class"]
+__all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "config_message", "longpack_trainer_class"]

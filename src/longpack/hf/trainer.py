@@ -1,184 +1,257 @@
-"""``LongpackTrainer``: transformers' Trainer driven by a longpack Plan.
+"""``LongpackTrainer``: transformers' Trainer (or TRL's SFTTrainer) running longpack's plan on the shared engine.
 
-How it plugs in (public extension points only):
+What it does, through the Trainer's public extension points:
 
-* ``get_train_dataloader`` returns this process's micro-batches of every step, already rank-specific (so it is not
-  handed to accelerate for sharding). Steps with fewer micro-batches than the longest step are padded with one-token
-  batches that carry no target, so the fixed ``gradient_accumulation_steps`` (set to the plan's micro-batch count)
-  always ends an optimizer step exactly where the plan's step ends.
-* ``compute_loss`` runs the model on a packed row (``use_cache=False``: with a cache transformers skips the packed
-  document mask, ENVIRONMENT.md) and returns Σ cross-entropy · world / (targets in the whole step) — the plan knows
-  the count — with ``loss_is_scaled_for_ga`` set, so after DDP's gradient averaging the update is the exact global
-  token mean, whatever the packing.
-* ``check_document_masking`` runs once at start: the model on two packed documents must give the second document
-  the same logits as alone; an attention implementation that lets documents see each other is refused with one
-  line naming it.
+* **Plan.** After the base Trainer has prepared ``train_dataset`` (TRL tokenizes it and adds its masks there), the
+  rows are read once (:func:`longpack.rows.rows_from_records`): targets from ``labels`` when the dataset has them;
+  else TRL's ``completion_mask`` when ``completion_only_loss`` is on (TRL's default for prompt-completion data) or
+  ``assistant_masks`` when ``assistant_only_loss`` is; else every next token. Empty rows are left out and reported
+  as dropped; rows longer than ``max_len`` (or than ``token_cap`` × ``cp``) follow ``overlong``. Every process plans
+  the same rows identically over dp·cp ranks (dp = processes / cp), cost model from the model's own config.
+* **Step.** ``gradient_accumulation_steps`` is 1 and each dataloader item is one plan step; ``training_step`` runs
+  this rank's micro-batches of it through the same function as ``longpack train``
+  (:func:`longpack.runtime.train.run_step`): the model's attention is switched to the longpack implementation for
+  the step (runtime/engine.py: document-masked attention from the plan's boundaries, the zigzag K/V exchange of
+  pieces sharded over the rank's CP group, chunk chains, the plan's per-micro-batch checkpointing), every target
+  weighted by the step's global target count, and the gradient summed over every rank once: one all-reduce
+  (the DDP wrapper's own reduction is bypassed, since ranks run different numbers of forwards), or, under FSDP2
+  (Accelerate ``fsdp_version: 2``), one gather and one reduce-scatter per step (runtime/parallelize.py). So the
+  update is plain unpacked training's, at any CP degree.
+* **Nothing silent.** ``trainer.longpack_report`` holds the data report (rows read, empty rows dropped, samples
+  dropped / truncated / split, their tokens and targets); the first log line carries its counts, and rank 0 says
+  the report's line once at start. Planning errors name ``LongpackConfig`` fields, not CLI flags.
+* **Resume.** Batches are plan steps in order, so the Trainer's own resume (it skips the batches already
+  trained) continues at the exact next step.
 
-Packing efficiency (real tokens / computed tokens) and the plan's rank imbalance (DBR, ABR) are logged once.
+Each epoch replays the same plan. Evaluation and generation run the model's own attention implementation.
 """
 
 from __future__ import annotations
 
+import re
+import sys
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
-from ..cost import CostModel, TrainConfig
-from ..hardware import load_hardware
+from .. import jobs
 from ..plan import Plan
-from ..planners import PlanContext, check_options, get_planner, global_batches
-from ..runtime.hf_model import spec_of
+from ..planners.base import OVERLONG_POLICIES
+from ..rows import TokenRows, rows_from_records
+from ..runtime.accounting import data_report
+from ..runtime.context_parallel import CPGroups
+from ..runtime.data import PlanSampler
+from ..runtime.dist import DistContext
+from ..runtime.engine import engine_attention
+from ..runtime.hf_model import check_supported, spec_of
+from ..runtime.loss import MODES
+from ..runtime.train import run_step
 from ..sim import plan_metrics
 
-__all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "longpack_trainer_class", "check_document_masking"]
-
-IGNORE = -100
+__all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "longpack_trainer_class", "config_message"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class LongpackConfig:
-    """Planner, global batch (sequences per optimizer step), token cap per micro-batch, hardware for the cost model."""
+    """What the plan is made of: planner, sequences per optimizer step (``global_batch``), token cap per rank and
+    micro-batch, hardware for the cost model, context-parallel degree, the over-long policy and its limit, loss
+    normalisation (``token_mean`` or ``sequence_mean``, exact over each step) and planner options."""
 
-    planner: str = "skrull"
+    planner: str = "unified"
     global_batch: int = 32
     token_cap: int = 4096
     hardware: str = "cpu"
+    cp: int = 1
+    max_len: int | None = None
+    overlong: str = "split"
+    ckpt_layers: int = 0
+    loss: str = "token_mean"
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
 
-
-def check_document_masking(model: torch.nn.Module) -> None:
-    """Refuse (ValueError, one line) an attention implementation that lets packed documents attend to each other."""
-    impl = getattr(model.config, "_attn_implementation", "?")
-    device = next(model.parameters()).device
-    a = torch.tensor([[5, 6, 7, 8]], device=device)
-    b = torch.tensor([[9, 10, 11]], device=device)
-    packed = torch.cat([a, b], 1)
-    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2]], device=device)
-    with torch.no_grad():
-        together = model(input_ids=packed, position_ids=pos, use_cache=False, **_flash_kwargs([0, 4, 7], device))
-        alone = model(input_ids=b, position_ids=pos[:, 4:], use_cache=False)
-    err = float((together.logits[0, 4:] - alone.logits[0]).abs().max())
-    scale = float(alone.logits.abs().max()) + 1e-12
-    if err > 1e-4 * scale:
-        raise ValueError(f"attn_implementation={impl!r} lets packed documents attend to each other (logit error "
-                         f"{err:.2e}); load the model with attn_implementation='sdpa', 'eager' or 'flash_attention_2'")
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "token_cap", "cp"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"LongpackConfig({name}={getattr(self, name)!r}): must be an integer >= 1")
+        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
+            raise ValueError(f"LongpackConfig(max_len={self.max_len!r}): must be an integer >= 1 or None")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"LongpackConfig(overlong={self.overlong!r}): choose one of "
+                             f"{', '.join(OVERLONG_POLICIES)}")
+        if self.loss not in MODES:
+            raise ValueError(f"LongpackConfig(loss={self.loss!r}): choose one of {', '.join(MODES)}")
+        if self.ckpt_layers < 0:
+            raise ValueError(f"LongpackConfig(ckpt_layers={self.ckpt_layers}): must be >= 0")
 
 
-def _flash_kwargs(cu: list[int], device: torch.device) -> dict[str, Any]:
-    t = torch.tensor(cu, dtype=torch.int32, device=device)
-    longest = max(b - a for a, b in zip(cu, cu[1:], strict=False))
-    return {"cu_seq_lens_q": t, "cu_seq_lens_k": t, "max_length_q": longest, "max_length_k": longest}
+_FIELDS = {"--overlong": "LongpackConfig.overlong", "--max-len": "LongpackConfig.max_len",
+           "--cp": "LongpackConfig.cp", "--bucket-size": "LongpackConfig.token_cap",
+           "--global-batch": "LongpackConfig.global_batch", "--opt": "LongpackConfig.options",
+           "--pack-len": "LongpackConfig.options['pack_len']", "--ckpt-layers": "LongpackConfig.ckpt_layers",
+           "--micro-batch-size": "LongpackConfig.options['micro_batch_size']",
+           "--planner": "LongpackConfig.planner", "--hardware": "LongpackConfig.hardware",
+           "--dp": "the number of processes / LongpackConfig.cp", "--steps": "TrainingArguments.max_steps",
+           "--tp": "tensor parallelism (not on this path)", "--pp": "pipeline parallelism (not on this path)"}
 
 
-class _PlanBatches(torch.utils.data.Dataset):
-    """This process's micro-batches of every step, padded to a fixed count per step, as packed-row dicts."""
+def config_message(text: str) -> str:
+    """A planner's message with its CLI flags named as the ``LongpackConfig`` fields that set them here."""
+    return re.sub(r"--[a-z][a-z-]*", lambda m: _FIELDS.get(m.group(0), m.group(0)), text)
 
-    def __init__(self, plan: Plan, rank: int, rows: Any, depth: int) -> None:
-        self.items: list[tuple[int, tuple | None]] = []
-        self.totals = []
-        for s, step in enumerate(plan.steps):
-            targets = sum(max(0, plan.effective_length(p.sample) - 1) for r in step.replicas
-                          for mb in r.micro_batches for p in mb.pieces)
-            self.totals.append(targets)
-            mbs = step.replicas[rank].micro_batches
-            for mb in mbs:
-                self.items.append((s, tuple((p.sample, p.start, p.stop) for p in mb.pieces) or None))
-            self.items += [(s, None)] * (depth - len(mbs))
-        self.rows = rows
+
+def _records(dataset: Any, columns: list[str]) -> Iterable[tuple[str, dict]]:
+    for i, rec in enumerate(dataset.select_columns(columns)):
+        yield f"train_dataset row {i}", rec
+
+
+def dataset_rows(dataset: Any, args: Any) -> TokenRows:
+    """The Trainer's ``train_dataset`` as :class:`TokenRows` (targets chosen as in the module docstring)."""
+    names = list(getattr(dataset, "column_names", None) or [])
+    if "input_ids" not in names:
+        raise ValueError(f"LongpackTrainer: train_dataset has no input_ids column (has {names[:8]}); tokenize it "
+                         "first, or use TRL's SFTTrainer through longpack_trainer_class")
+    mask = None
+    completion = getattr(args, "completion_only_loss", None)
+    if "labels" in names:
+        pass
+    elif completion is not False and "completion_mask" in names:
+        mask = "completion_mask"
+    elif getattr(args, "assistant_only_loss", False):
+        if "assistant_masks" not in names:
+            raise ValueError("LongpackTrainer: assistant_only_loss=True but train_dataset has no assistant_masks "
+                             "column (TRL writes it from a chat template with generation markers)")
+        mask = "assistant_masks"
+    elif completion is True:
+        raise ValueError("LongpackTrainer: completion_only_loss=True but train_dataset has no completion_mask "
+                         "column (TRL writes it for prompt-completion data)")
+    cols = ["input_ids"] + (["labels"] if "labels" in names else []) + ([mask] if mask else [])
+    return rows_from_records(_records(dataset, cols), "train_dataset", mask_column=mask, what="train_dataset")
+
+
+class _Steps(torch.utils.data.Dataset):
+    """The plan's steps in order, one item each (the rank's micro-batches are read from the plan)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
 
     def __len__(self) -> int:
-        return len(self.items)
+        return self.n
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        step, pieces = self.items[i]
-        if pieces is None:  # a filler micro-batch: one token, no target
-            ids, tgt, pos, cu = [0], [IGNORE], [0], [0, 1]
-        else:
-            ids, tgt, pos, cu = [], [], [], [0]
-            for sample, start, stop in pieces:
-                toks = list(self.rows[sample])[start:stop]
-                ids += toks
-                tgt += toks[1:] + [IGNORE]
-                pos += list(range(stop - start))
-                cu.append(cu[-1] + stop - start)
-        return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]),
-                "longpack_targets": torch.tensor([tgt]), "longpack_cu": torch.tensor(cu, dtype=torch.int32),
-                "longpack_step_targets": torch.tensor(self.totals[step], dtype=torch.float64)}
+        return {"longpack_step": torch.tensor(i)}
 
 
 class LongpackMixin:
     """The hooks that make any ``transformers.Trainer`` subclass (Trainer, TRL's SFTTrainer) train on a plan."""
 
     args: Any  # provided by the Trainer class this is mixed into
+    model: Any
+    train_dataset: Any
+    accelerator: Any
 
     def __init__(self, *args: Any, longpack: LongpackConfig | None = None, **kwargs: Any) -> None:
         self.lp = longpack or LongpackConfig()
-        model, train_args = kwargs.get("model"), kwargs.get("args")
-        dataset = kwargs.get("train_dataset")
-        if model is None or train_args is None or dataset is None:
-            raise ValueError("LongpackTrainer needs model=, args= and train_dataset= (rows with input_ids)")
-        if getattr(model.config, "use_cache", False):
-            warnings.warn("LongpackTrainer: setting model.config.use_cache=False (a cache disables the packed "
-                          "document mask)", stacklevel=2)
-            model.config.use_cache = False
-        check_document_masking(model)
-        self.plan = self._make_plan(model, dataset, train_args.world_size)
-        self._lp_rows = list(dataset["input_ids"])  # what was planned (subclasses may rewrite train_dataset)
-        depth = max(len(st.replicas[0].micro_batches) for st in self.plan.steps)
-        train_args.gradient_accumulation_steps = depth
+        train_args = kwargs.get("args")
+        if kwargs.get("model") is None or train_args is None or kwargs.get("train_dataset") is None:
+            raise ValueError("LongpackTrainer needs model=, args= and train_dataset=")
+        if train_args.gradient_accumulation_steps != 1:
+            warnings.warn(f"LongpackTrainer: gradient_accumulation_steps={train_args.gradient_accumulation_steps} "
+                          "is replaced by the plan: one optimizer step is LongpackConfig.global_batch rows, run "
+                          "as the plan's micro-batches", stacklevel=2)
+            train_args.gradient_accumulation_steps = 1
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        self.loss_is_scaled_for_ga: Any = True
+        self._lp_setup()
+
+    def _lp_setup(self) -> None:
+        net = self.model
+        world, rank = int(self.args.world_size), int(self.args.process_index)
+        if world % self.lp.cp:
+            raise ValueError(f"LongpackConfig(cp={self.lp.cp}) must divide the number of processes ({world})")
+        self._lp_rows = dataset_rows(self.train_dataset, self.args)
+        vocab = int(net.config.vocab_size)
+        top = max(int(r.max()) for r in self._lp_rows.ids)
+        if top >= vocab:
+            raise ValueError(f"train_dataset: token id {top} is outside the model's vocabulary of {vocab}")
+        say = (lambda line: print(f"longpack: note: {config_message(line)}", file=sys.stderr, flush=True)) \
+            if rank == 0 else None
+        self.plan = self._lp_plan(net, world, say)
+        check_supported(net, max((self.plan.effective_length(s) for s in self.plan.lengths), default=1))
+        self.longpack_report = data_report(self.plan, self._lp_rows)
+        if rank == 0:
+            print(f"longpack: data: {self.longpack_report['line']}", file=sys.stderr, flush=True)
+        self._lp_ctx = DistContext(rank=rank, world=world, device=self.args.device)
+        wide = world > 1 and max(s.cp for s in self.plan.steps) > 1
+        self._lp_groups = CPGroups.for_plan(self.plan, world) if wide else None
+        self._lp_sampler = PlanSampler(self.plan, rank)
+        self._lp_sync: Any = None
         m = plan_metrics(self.plan)
+        r = self.longpack_report
         self.longpack_metrics = {"longpack/packing_efficiency": 1.0 - m.pr, "longpack/dbr": m.dbr,
-                                 "longpack/abr": m.abr, "longpack/micro_batches_per_step": depth}
+                                 "longpack/abr": m.abr, "longpack/rows": r["rows"]["rows"],
+                                 "longpack/empty_rows_dropped": r["empty_rows_dropped"],
+                                 "longpack/dropped_samples": r["dropped_samples"],
+                                 "longpack/truncated_samples": r["truncated_samples"],
+                                 "longpack/split_samples": r["split_samples"]}
+        self.longpack_steps: list[dict[str, Any]] = []
         self._logged = False
 
-    def _make_plan(self, model: torch.nn.Module, dataset: Any, world: int) -> Plan:
-        lengths = np.array([len(r) for r in dataset["input_ids"]], dtype=np.int64)
-        cost = CostModel(spec_of(model.config), load_hardware(self.lp.hardware),
-                         TrainConfig(dp=world, cp=1, token_cap=self.lp.token_cap))
-        options = dict(self.lp.options)
-        check_options([self.lp.planner], options)
-        if self.lp.planner == "unified":
-            options.setdefault("degrees", "1")  # this path runs no context parallelism: every step at CP 1
-        ctx = PlanContext(cost=cost, seed=self.lp.seed, options=options)
-        batches = global_batches(len(lengths), self.lp.global_batch, seed=self.lp.seed)
-        plan = get_planner(self.lp.planner).plan(lengths, batches, ctx, overlong="error")
-        plan.validate()
-        wide = next((s.cp for s in plan.steps if s.cp > 1), None)
-        if wide is not None:
-            raise ValueError(f"LongpackTrainer: planner {self.lp.planner!r} made a step with CP degree {wide}; the "
-                             "Hugging Face path runs CP 1 only (use longpack train for context parallelism)")
+    def _lp_plan(self, net: Any, world: int, say: Any) -> Plan:
+        cfg = self.lp
+        options = dict(cfg.options)
+        if cfg.planner == "unified":
+            options.setdefault("shard_chains", 0)  # the runtime runs chunk chains at cp = 1
+        run = jobs.RunSpec(model=getattr(net.config, "name_or_path", "") or "model", hardware=cfg.hardware,
+                           dp=world // cfg.cp, cp=cfg.cp, bucket_size=cfg.token_cap, global_batch=cfg.global_batch,
+                           seed=cfg.seed, max_len=cfg.max_len, overlong=cfg.overlong, ckpt_layers=cfg.ckpt_layers,
+                           options=options)
+        try:
+            cost = jobs.build_cost(run, spec_of(net.config))
+            plan, _ = jobs.run_plan(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
+        except ValueError as exc:
+            raise ValueError(config_message(str(exc))) from None
         return plan
 
     def get_train_dataloader(self) -> DataLoader:
-        depth = self.args.gradient_accumulation_steps
-        data = _PlanBatches(self.plan, self.args.process_index, self._lp_rows, depth)
-        return DataLoader(data, batch_size=None, shuffle=False)
+        return DataLoader(_Steps(len(self.plan.steps)), batch_size=None, shuffle=False)
 
-    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: Any = None) -> Any:
-        targets = inputs.pop("longpack_targets")
-        cu = inputs.pop("longpack_cu").tolist()
-        total = float(inputs.pop("longpack_step_targets"))
-        out = model(**inputs, use_cache=False, **_flash_kwargs(cu, targets.device))
-        ce = F.cross_entropy(out.logits[0].float() if out.logits.dtype in (torch.float16, torch.bfloat16)
-                             else out.logits[0], targets[0].clamp_min(0), reduction="none")
-        loss = (ce * (targets[0] != IGNORE)).sum() * self.args.world_size / max(total, 1.0)
-        return (loss, out) if return_outputs else loss
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+                      ) -> torch.Tensor:
+        step = int(inputs["longpack_step"])
+        net = self.accelerator.unwrap_model(model)
+        net.train()
+        if self._lp_sync is None and self._lp_ctx.world > 1:
+            self._lp_sync = _fsdp_sync(net, self._lp_ctx.device)
+        with engine_attention(net):
+            stats, _ = run_step(net, self.plan, step, self._lp_sampler.micro_batches(step), self._lp_rows,
+                                self._lp_ctx, self._lp_groups, self.lp.loss, self._lp_sync or None)
+        loss, tokens, targets = (float(x) for x in stats)
+        self.longpack_steps.append({"step": step, "loss": loss, "tokens": int(tokens), "targets": int(targets)})
+        return torch.tensor(loss, device=self.args.device)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if not self._logged:
             logs = {**logs, **self.longpack_metrics}
             self._logged = True
         super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
+
+def _fsdp_sync(net: torch.nn.Module, device: torch.device) -> Any:
+    """A :class:`StepSync` when Accelerate sharded ``net`` with FSDP2 (sum reduction, as the plan's weights need);
+    False (no sync object: one gradient all-reduce) otherwise."""
+    from ..runtime.parallelize import StepSync, fsdp_modules
+
+    mods = fsdp_modules(net)
+    if not mods:
+        return False
+    for m in mods:
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)
+    return StepSync(net, device)
 
 
 class LongpackTrainer(LongpackMixin, Trainer):

@@ -33,8 +33,8 @@ import torch.utils.checkpoint
 
 from .model import Attend, Decoder
 
-__all__ = ["ATTN", "register", "longpack_attention", "forward_logits", "checkpointing", "num_layers",
-           "decoder_layers"]
+__all__ = ["ATTN", "register", "engine_attention", "longpack_attention", "forward_logits", "checkpointing",
+           "num_layers", "decoder_layers"]
 
 ATTN = "longpack"
 _CHECKPOINT = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
@@ -67,6 +67,20 @@ def register() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTN, longpack_attention)
+
+
+@contextmanager
+def engine_attention(model: Any) -> Iterator[None]:
+    """Run ``model`` (a transformers model loaded with any attention implementation) on the longpack attention
+    for the block, and give it back its own afterwards (evaluation and generation keep the user's choice)."""
+    register()
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTN
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 def _is_hf(model: Any) -> bool:

@@ -40,7 +40,7 @@ from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
 from .step import run_micro_batches
 
-__all__ = ["TrainArgs", "train", "build_plan", "launch"]
+__all__ = ["TrainArgs", "train", "build_plan", "launch", "run_step"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -224,23 +224,24 @@ def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer,
     sampler.load_state_dict(meta["sampler"])
 
 
-def _step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Source, ctx: DistContext,
-          groups: CPGroups | None, args: TrainArgs, sync: Any) -> tuple[torch.Tensor, float]:
-    """Forward/backward of this rank's micro-batches and the gradient sum; (loss, tokens, targets) summed over
-    ranks, and this rank's measured activation peak."""
+def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Source, ctx: DistContext,
+             groups: CPGroups | None, mode: str, sync: Any) -> tuple[torch.Tensor, float]:
+    """Forward/backward of this rank's micro-batches of ``step`` and the gradient sum over every rank (FSDP2's
+    reduce-scatter through ``sync``, or one all-reduce); returns (loss, tokens, targets) summed over ranks, and
+    this rank's measured activation peak. ``longpack train`` and the Trainer both run their steps through this."""
     cp, cp_rank, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, 0, None)
     meter = ActivationMeter()
     if sync is not None:
         sync.begin()
     with meter.measure(model):
-        loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=args.loss,
+        loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode,
                                                   device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
     stats = torch.tensor([loss, float(tokens), float(targets)], dtype=torch.float64)
     if sync is not None:
         sync.end()
         all_reduce_sum([stats])
     else:
-        params = list(model.parameters())
+        params = [p for p in model.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         all_reduce_sum(grads + [stats])
         for p, g in zip(params, grads, strict=True):
@@ -293,7 +294,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         try:
-            stats, peak = _step(model, plan, step, mbs, source, ctx, groups, args, sync)
+            stats, peak = run_step(model, plan, step, mbs, source, ctx, groups, args.loss, sync)
         except RuntimeError as exc:
             if ctx.distributed and _peer_lost(exc):
                 raise ValueError(f"step {step}: the other ranks did not answer within --timeout {args.timeout:g} s "
