@@ -59,5 +59,5 @@ def document_attention(q_thd: torch.Tensor, k_thd: torch.Tensor, v_thd: torch.Te
         k = k_thd[idx].view(n, s, *k_thd.shape[1:]).transpose(1, 2)
         v = v_thd[idx].view(n, s, *v_thd.shape[1:]).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        out[idx] = o.transpose(1, 2).reshape(n * s, *q_thd.shape[1:])
+        out[idx] = o.transpose(1, 2).reshape(n * s, *q_thd.shape[1:]).to(out.dtype)  # autocast: sdpa may return bf16
     return out

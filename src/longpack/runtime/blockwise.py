@@ -78,7 +78,7 @@ def _merged(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, blocks: S
         new = torch.logaddexp(lse, lb)
         out = out * torch.exp(lse - new)[..., None] + ob * torch.exp(lb - new)[..., None]
         lse = new
-    return out, lse
+    return out.to(q.dtype), lse  # merged in the logsumexp's precision (fp32 for bf16 inputs), kept in q's
 
 
 class _BlockAttention(torch.autograd.Function):
@@ -92,7 +92,7 @@ class _BlockAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):  # type: ignore[override]
         q, k_own, v_own, out, lse = ctx.saved_tensors
-        do = do.contiguous()
+        do = do.contiguous().to(q.dtype)  # an upstream gradient in another dtype (autocast) than the inputs
         dq, dk, dv = _block_backward(do, q, k_own, v_own, out, lse, ctx.own_causal, ctx.scale)
         for kb, vb, acc_k, acc_v in ctx.blocks:
             dqb, dkb, dvb = _block_backward(do, q, kb, vb, out, lse, False, ctx.scale)

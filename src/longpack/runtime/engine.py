@@ -57,8 +57,11 @@ def longpack_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     if scaling is not None and not math.isclose(scaling, d ** -0.5, rel_tol=1e-6):
         raise ValueError(f"attention scaling {scaling:g} != head_dim**-0.5 ({d ** -0.5:g}); this model's attention "
                          "is not supported by the longpack attention")
-    q_thd, k_thd, v_thd = (t[0].transpose(0, 1) for t in (query, key, value))
-    out_thd = attend(module.layer_idx, q_thd, k_thd, v_thd)
+    # under autocast (a Trainer's bf16) q/k may come out of RoPE in another dtype than v: attend in v's dtype,
+    # with autocast off, so every kernel (and a chain's K/V store) sees one dtype
+    q_thd, k_thd, v_thd = (t[0].transpose(0, 1).to(value.dtype) for t in (query, key, value))
+    with torch.autocast(query.device.type, enabled=False):
+        out_thd = attend(module.layer_idx, q_thd, k_thd, v_thd)
     return out_thd[None], None
 
 
