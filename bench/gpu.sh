@@ -34,5 +34,10 @@ for planner in random_padded bfd isf unified; do
         --dtype "$DTYPE" --steps "$STEPS" --global-batch "$BATCH" --bucket-size "$CAP" --json \
         > "$OUT/train-$planner.jsonl"
 done
+if [ "$NGPU" -gt 1 ]; then  # LongpackTrainer under Accelerate's FSDP2 (not applied on CPU) against plain float64
+    HF_CASE_GPU=1 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" tests/hf_run.py \
+        "$OUT/hf-fsdp.pt" 1 fsdp > "$OUT/hf-fsdp.log" 2>&1
+    "$PY" tests/hf_run.py --compare "$OUT/hf-fsdp.pt" | tee "$OUT/hf-fsdp.txt"
+fi
 "$PY" bench/gpu_report.py "$OUT" --model "$MODEL" --workload "$WORKLOAD" --steps "$STEPS" --batch "$BATCH" \
     --cap "$CAP" ${WRITE:+--write}

@@ -25,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--samples", type=int, default=256)
-    ap.add_argument("--planner", default="skrull")
+    ap.add_argument("--planner", default="unified")
     ap.add_argument("--output-dir", default="/tmp/longpack-hf-example")
     args = ap.parse_args()
 
@@ -45,6 +45,8 @@ def main() -> None:
     trainer = LongpackTrainer(model=model, args=training_args, train_dataset=dataset,
                               longpack=LongpackConfig(planner=args.planner, global_batch=32, token_cap=4096))
     trainer.train()
+    if torch.distributed.is_initialized():  # leave the process groups (the plan's CP groups too) before exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

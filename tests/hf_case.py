@@ -3,6 +3,7 @@ LongpackTrainer under test and the plain unpacked ``transformers.Trainer`` it is
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import datasets
@@ -45,10 +46,12 @@ def labelled() -> datasets.Dataset:
 
 
 def args(out: str, steps: int, ga: int = 1, **kw: Any) -> transformers.TrainingArguments:
+    # HF_CASE_GPU=1 (bench/gpu.sh): the processes run on GPUs, where Accelerate applies FSDP2
+    cpu = os.environ.get("HF_CASE_GPU", "0") != "1"
     return transformers.TrainingArguments(output_dir=out, per_device_train_batch_size=1, gradient_accumulation_steps=ga,
-                                          max_steps=steps, learning_rate=LR, report_to=[], use_cpu=True,
-                                          save_strategy="no", logging_steps=1, dataloader_num_workers=0, seed=0,
-                                          disable_tqdm=True, **kw)
+                                          max_steps=steps, learning_rate=LR, report_to=[], use_cpu=cpu,
+                                          logging_steps=1, dataloader_num_workers=0, seed=0, disable_tqdm=True,
+                                          **({"save_strategy": "no"} | kw))
 
 
 def config(cp: int) -> LongpackConfig:
@@ -68,7 +71,12 @@ def longpack_trainer(out: str, cp: int = 1, kind: str = "trainer", steps: int = 
                             completion_only_loss=True, seed=0, disable_tqdm=True)
         return longpack_trainer_class(trl.SFTTrainer)(model=model(), args=sft, train_dataset=ds,
                                                       processing_class=tokenizer(), longpack=config(cp))
-    return LongpackTrainer(model=model(), args=args(out, steps), train_dataset=labelled(), longpack=config(cp))
+    extra: dict[str, Any] = {}
+    if kind == "fsdp":  # Accelerate's FSDP2 (fsdp_version 2), one FSDP unit per decoder layer
+        extra = {"fsdp": "full_shard", "fsdp_config": {"fsdp_version": 2,
+                                                       "transformer_layer_cls_to_wrap": ["Qwen2DecoderLayer"]}}
+    return LongpackTrainer(model=model(), args=args(out, steps, **extra), train_dataset=labelled(),
+                           longpack=config(cp))
 
 
 def tokenizer() -> Any:

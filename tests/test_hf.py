@@ -73,7 +73,41 @@ def _torchrun(tmp_path, nproc: int, cp: int, kind: str) -> dict:
                            str(nproc), script, str(out), str(cp), kind], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out, weights_only=False)
+    return torch.load(out, weights_only=False) | {"stderr": proc.stderr}
+
+
+def test_hf_fsdp_asked_on_cpu_is_said_and_training_stays_exact(tmp_path, reference):
+    """Accelerate enables FSDP on GPU process groups only (its MULTI_CPU state never becomes FSDP): on CPU the
+    request is said once and the run is replicated; bench/gpu.sh checks FSDP2 parity on several GPUs."""
+    run = _torchrun(tmp_path, 2, 1, "fsdp")
+    assert run["fsdp_modules"] == 0 and "Accelerate did not shard the model" in run["stderr"]
+    _check(run["losses"], run["state"], reference)
+
+
+def test_hf_resume_from_a_trainer_checkpoint_continues_at_the_next_step(tmp_path):
+    ids, _ = hf_case.rows()
+    ds = _rows_dataset(ids)
+    cfg = LongpackConfig(global_batch=4, token_cap=64)
+
+    class _StopAt(transformers.TrainerCallback):  # the run is interrupted after step 2 (its checkpoint written)
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 2
+
+    def run(out, resume=None, stop=False):
+        args = hf_case.args(str(out), 4, save_strategy="steps", save_steps=2)
+        t = LongpackTrainer(model=hf_case.model(), args=args, train_dataset=ds, longpack=cfg,
+                            callbacks=[_StopAt()] if stop else None)
+        t.train(resume_from_checkpoint=resume)
+        return t
+
+    whole = run(tmp_path / "whole")
+    run(tmp_path / "first", stop=True)
+    resumed = run(tmp_path / "again", resume=str(tmp_path / "first" / "checkpoint-2"))
+    assert [s["step"] for s in whole.longpack_steps] == [0, 1, 2, 3]
+    assert [s["step"] for s in resumed.longpack_steps] == [2, 3]  # the plan continues at its exact next step
+    assert [s["loss"] for s in resumed.longpack_steps] == pytest.approx([s["loss"] for s in whole.longpack_steps[2:]],
+                                                                        rel=1e-12)
+    assert _weights_close(resumed.model.state_dict(), whole.model.state_dict()) <= WEIGHT_ATOL
 
 
 @pytest.mark.parametrize("nproc,kind", [(2, "trainer"), (4, "trainer"), (4, "trl")],
@@ -169,3 +203,21 @@ def test_hf_example_one_and_two_processes_train_the_same_losses(tmp_path):
     # --standalone: the rendezvous takes a free port, not the fixed 29500 another job on the machine may hold
     double = _example(tmp_path / "two", torchrun, "--standalone", "--nproc-per-node", "2")
     assert len(single) == 3 and single == pytest.approx(double, rel=1e-3)
+
+
+def test_hf_trl_long_sft_example_runs_as_written(tmp_path):
+    """README: `torchrun --nproc-per-node 4 examples/trl_long_sft.py` (TRL, completion-only, 4 CPU processes)."""
+    import re
+    import shutil
+    from pathlib import Path
+
+    pytest.importorskip("trl")
+    script = str(Path(__file__).resolve().parent.parent / "examples" / "trl_long_sft.py")
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", script, "--output-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    plan = re.search(r"plan: 3 steps at CP degrees \[[\d, ]+\], (\d+) pieces sharded over a CP group", out)
+    assert plan and int(plan.group(1)) > 0, out[-2000:]
+    assert "longpack: data: 96 samples" in out and len(re.findall(r"\{'loss': '([0-9.]+)'", out)) == 3

@@ -146,6 +146,10 @@ class _Steps(torch.utils.data.Dataset):
         return {"longpack_step": torch.tensor(i)}
 
 
+def _one(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return items[0]
+
+
 class LongpackMixin:
     """The hooks that make any ``transformers.Trainer`` subclass (Trainer, TRL's SFTTrainer) train on a plan."""
 
@@ -217,7 +221,8 @@ class LongpackMixin:
         return plan
 
     def get_train_dataloader(self) -> DataLoader:
-        return DataLoader(_Steps(len(self.plan.steps)), batch_size=None, shuffle=False)
+        # batches of one step (not batch_size=None): the Trainer's resume skips batches through a batch sampler
+        return DataLoader(_Steps(len(self.plan.steps)), batch_size=1, shuffle=False, collate_fn=_one)
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
                       ) -> torch.Tensor:
@@ -226,6 +231,10 @@ class LongpackMixin:
         net.train()
         if self._lp_sync is None and self._lp_ctx.world > 1:
             self._lp_sync = _fsdp_sync(net, self._lp_ctx.device)
+            if self._lp_sync is False and getattr(self.args, "fsdp", None) and self._lp_ctx.rank == 0:
+                warnings.warn("LongpackTrainer: fsdp was asked for but Accelerate did not shard the model (it "
+                              "enables FSDP on GPU process groups only, not on CPU): every process holds the whole "
+                              "model and gradients are summed with one all-reduce per step", stacklevel=2)
         with engine_attention(net):
             stats, _ = run_step(net, self.plan, step, self._lp_sampler.micro_batches(step), self._lp_rows,
                                 self._lp_ctx, self._lp_groups, self.lp.loss, self._lp_sync or None)
