@@ -1,7 +1,10 @@
-"""One baseline of bench/hf_throughput.py under torchrun: transformers.Trainer with padding, or TRL's SFTTrainer
-with packing, on the bench's rows and checkpoint, one epoch; rank 0 prints one JSON line of measured step times.
+"""One Trainer run of bench/hf_throughput.py under torchrun, on the bench's rows and checkpoint, one epoch; rank 0
+prints one JSON line of measured step times. Modes: ``padded`` (transformers.Trainer, each micro-batch padded),
+``flatten`` (transformers.Trainer with its DataCollatorWithFlattening: every process's rows of a step in one packed
+row, position ids restarting per row), ``trl`` (TRL's SFTTrainer with packing), ``longpack`` (LongpackTrainer,
+the unified plan on the longpack engine).
 
-    torchrun --nproc-per-node 2 bench/_hf_baseline.py {padded|trl} MODEL_DIR ROWS.jsonl TOKENIZER_DIR STEPS BATCH
+    torchrun --nproc-per-node 2 bench/_hf_baseline.py MODE MODEL_DIR ROWS.jsonl TOKENIZER_DIR STEPS BATCH
 """
 
 from __future__ import annotations
@@ -62,13 +65,26 @@ def main() -> None:
                   use_cpu=True, ddp_backend="gloo", logging_steps=10**6, save_strategy="no", disable_tqdm=True,
                   dataloader_num_workers=0, seed=0, ddp_find_unused_parameters=False,
                   per_device_train_batch_size=int(batch) // world)
+    tokens = None
     if mode == "padded":
         args = transformers.TrainingArguments(**common, remove_unused_columns=False)
         ds = datasets.Dataset.from_list(rows)
         trainer = transformers.Trainer(model=model, args=args, train_dataset=ds, data_collator=_pad,
                                        callbacks=[timer.hook()])
-        tokens = None
-    else:
+    elif mode == "flatten":
+        args = transformers.TrainingArguments(**common)
+        ds = datasets.Dataset.from_list(rows)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=ds, callbacks=[timer.hook()],
+                                       data_collator=transformers.DataCollatorWithFlattening())
+    elif mode == "longpack":
+        from longpack.hf import LongpackConfig, LongpackTrainer
+
+        common["per_device_train_batch_size"] = 1
+        args = transformers.TrainingArguments(**common)
+        ds = datasets.Dataset.from_list(rows)
+        trainer = LongpackTrainer(model=model, args=args, train_dataset=ds, callbacks=[timer.hook()],
+                                  longpack=LongpackConfig(global_batch=int(batch), token_cap=4096))
+    elif mode == "trl":
         import trl
 
         tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
@@ -83,6 +99,8 @@ def main() -> None:
         trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
                                  callbacks=[timer.hook()])
         tokens = pack
+    else:
+        raise SystemExit(f"mode {mode!r}: padded, flatten, trl or longpack")
     trainer.train()
     if trainer.args.process_index == 0:
         print(json.dumps({"mode": mode, "step_seconds": timer.times, "pack": tokens}), flush=True)

@@ -1,5 +1,6 @@
-"""Real CPU tokens/s of `longpack train` against transformers.Trainer with padding and TRL's SFTTrainer with
-packing: the same rows, the same checkpoint, one epoch each, 2 processes, side by side in one run.
+"""Real CPU tokens/s of `longpack train` and LongpackTrainer against transformers.Trainer (padded, and with its
+DataCollatorWithFlattening) and TRL's SFTTrainer with packing: the same rows, the same checkpoint, one epoch each,
+2 processes, side by side in one run.
 
     python bench/hf_throughput.py [--rows 96] [--global-batch 32] [--repeat 2] [--write]
 
@@ -11,7 +12,11 @@ rows are tiny-longtail lengths of random tokens whose first third is a masked pr
 * Trainer, padded — ``transformers.Trainer`` under torchrun (DDP over gloo), the same rows per step, each
   micro-batch padded to its longest row, sdpa;
 * TRL, packed — ``trl.SFTTrainer(packing=True, packing_strategy="bfd_split")`` under torchrun, packs sized so the
-  epoch takes about as many steps, completion-only loss from the same mask, sdpa.
+  epoch takes about as many steps, completion-only loss from the same mask, sdpa;
+* Trainer, flattened — ``transformers.Trainer`` with ``DataCollatorWithFlattening`` (each process's rows of a step
+  in one packed row; sdpa masks the documents apart with a dense mask over the row);
+* LongpackTrainer — ``LongpackTrainer`` under torchrun (the unified plan, the longpack engine), the same rows per
+  step.
 
 Tokens/s = the epoch's real tokens / the sum of measured step times (each run's own step timer; start-up, model
 loading and planning excluded), median over ``--repeat`` interleaved rounds; 1 thread per process.
@@ -86,7 +91,11 @@ def main() -> None:
     runs = {"longpack (FSDP2, unified)": lambda: run_longpack(model, rows, args.global_batch),
             "transformers.Trainer, padded": lambda: run_baseline("padded", model, rows, tok, steps,
                                                                  args.global_batch),
-            "TRL SFTTrainer, packing=True": lambda: run_baseline("trl", model, rows, tok, steps, args.global_batch)}
+            "TRL SFTTrainer, packing=True": lambda: run_baseline("trl", model, rows, tok, steps, args.global_batch),
+            "transformers.Trainer, DataCollatorWithFlattening": lambda: run_baseline("flatten", model, rows, tok,
+                                                                                    steps, args.global_batch),
+            "LongpackTrainer (unified)": lambda: run_baseline("longpack", model, rows, tok, steps,
+                                                              args.global_batch)}
     got: dict[str, list[tuple[float, int]]] = {k: [] for k in runs}
     for _ in range(args.repeat):
         for name, fn in runs.items():
@@ -109,7 +118,7 @@ def main() -> None:
                 f"(4 layers, hidden 256, vocab 1024), float32, 2 processes x 1 thread; median of {args.repeat} "
                 f"interleaved rounds; torch {torch.__version__}, transformers {transformers.__version__}, trl "
                 f"{trl.__version__}.")
-        write_section("hf_throughput", "longpack train vs Trainer and TRL (real CPU runs)",
+        write_section("hf_throughput", "longpack train and LongpackTrainer vs Trainer and TRL (real CPU runs)",
                       "python bench/hf_throughput.py --write", body)
 
 
