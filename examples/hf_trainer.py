@@ -11,6 +11,8 @@ every process's packed micro-batches, and the loss is the global token mean of e
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import datasets
 import torch
@@ -45,8 +47,15 @@ def main() -> None:
     trainer = LongpackTrainer(model=model, args=training_args, train_dataset=dataset,
                               longpack=LongpackConfig(planner=args.planner, global_batch=32, token_cap=4096))
     trainer.train()
-    if torch.distributed.is_initialized():  # leave the process groups (the plan's CP groups too) before exit
+    if torch.distributed.is_initialized():
+        # torch 2.13's gloo can deadlock or abort at interpreter teardown: the DDP reducer's last reference to the
+        # process group joins the group's worker thread while that thread waits for the GIL to free a finished
+        # collective's tensors. Leave together, flush, and exit without the teardown.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ printed first (`longpack: data: ...`) and kept in ``trainer.longpack_report``.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import datasets
 import numpy as np
@@ -73,8 +75,15 @@ def main() -> None:
         print(f"plan: {len(plan.steps)} steps at CP degrees {[st.cp for st in plan.steps]}, {sharded} pieces "
               f"sharded over a CP group, {len(plan.lengths)} rows", flush=True)
     trainer.train()
-    if torch.distributed.is_initialized():  # leave the process groups (the plan's CP groups too) before exit
+    if torch.distributed.is_initialized():
+        # torch 2.13's gloo can deadlock or abort at interpreter teardown: the DDP reducer's last reference to the
+        # process group joins the group's worker thread while that thread waits for the GIL to free a finished
+        # collective's tensors. Leave together, flush, and exit without the teardown.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
