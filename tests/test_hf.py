@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hf_case  # noqa: E402
 
-from longpack.hf import LongpackConfig, LongpackTrainer, config_message  # noqa: E402
+from longpack.hf import LongpackConfig, LongpackTrainer, config_message, longpack_trainer_class  # noqa: E402
 
 LOSS_RTOL = 1e-6  # the Trainer logs float32 losses; ours are float64
 WEIGHT_ATOL = 1e-8  # float64: packing, sharding and reduction change only the order of additions
@@ -64,6 +64,18 @@ def test_hf_parity_completion_mask_column_without_labels(tmp_path, reference):
     trainer.train()
     assert trainer.longpack_report["rows"]["targets_from"] == "completion_mask"
     _check([s["loss"] for s in trainer.longpack_steps], trainer.model.state_dict(), reference)
+
+
+def test_hf_trl_truncation_by_max_length_is_said(tmp_path):
+    trl = pytest.importorskip("trl")
+    ids, mask = hf_case.rows()
+    ds = datasets.Dataset.from_dict({"input_ids": ids, "completion_mask": mask})
+    sft = trl.SFTConfig(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                        max_length=64, completion_only_loss=True, disable_tqdm=True)
+    with pytest.warns(UserWarning, match=r"5 rows are exactly max_length=64 tokens long: TRL truncated them"):
+        longpack_trainer_class(trl.SFTTrainer)(model=hf_case.model(), args=sft, train_dataset=ds,
+                                               processing_class=hf_case.tokenizer(),
+                                               longpack=hf_case.config(1))
 
 
 def _torchrun(tmp_path, nproc: int, cp: int, kind: str) -> dict:

@@ -177,6 +177,13 @@ class LongpackMixin:
         if world % self.lp.cp:
             raise ValueError(f"LongpackConfig(cp={self.lp.cp}) must divide the number of processes ({world})")
         self._lp_rows = dataset_rows(self.train_dataset, self.args)
+        cut = getattr(self.args, "max_length", None)  # TRL's SFTConfig truncates rows to it while preparing them
+        at_cut = int((self._lp_rows.lengths == cut).sum()) if cut else 0
+        if at_cut and rank == 0:
+            warnings.warn(f"LongpackTrainer: {at_cut} rows are exactly max_length={cut} tokens long: TRL truncated "
+                          "them before longpack saw them (longpack cannot count what was cut); set "
+                          "max_length=None and LongpackConfig(max_len=..., overlong='split'|'truncate'|'drop') to "
+                          "have long rows split, or cut and counted", stacklevel=2)
         vocab = int(net.config.vocab_size)
         top = max(int(r.max()) for r in self._lp_rows.ids)
         if top >= vocab:
