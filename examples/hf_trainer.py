@@ -11,8 +11,6 @@ every process's packed micro-batches, and the loss is the global token mean of e
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import datasets
 import torch
@@ -20,6 +18,7 @@ import transformers
 
 from longpack.hf import LongpackConfig, LongpackTrainer
 from longpack.runtime.data import SyntheticCorpus
+from longpack.runtime.dist import leave
 from longpack.workloads import generate
 
 
@@ -48,14 +47,7 @@ def main() -> None:
                               longpack=LongpackConfig(planner=args.planner, global_batch=32, token_cap=4096))
     trainer.train()
     if torch.distributed.is_initialized():
-        # torch 2.13's gloo can deadlock or abort at interpreter teardown: the DDP reducer's last reference to the
-        # process group joins the group's worker thread while that thread waits for the GIL to free a finished
-        # collective's tensors. Leave together, flush, and exit without the teardown.
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave()  # the process groups left together, no interpreter teardown (torch 2.13's gloo can hang there)
 
 
 if __name__ == "__main__":

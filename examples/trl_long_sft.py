@@ -15,8 +15,6 @@ printed first (`longpack: data: ...`) and kept in ``trainer.longpack_report``.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import datasets
 import numpy as np
@@ -26,6 +24,7 @@ import trl
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from longpack.hf import LongpackConfig, longpack_trainer_class
+from longpack.runtime.dist import leave
 from longpack.workloads import generate
 
 WORDS = 1000
@@ -76,14 +75,7 @@ def main() -> None:
               f"sharded over a CP group, {len(plan.lengths)} rows", flush=True)
     trainer.train()
     if torch.distributed.is_initialized():
-        # torch 2.13's gloo can deadlock or abort at interpreter teardown: the DDP reducer's last reference to the
-        # process group joins the group's worker thread while that thread waits for the GIL to free a finished
-        # collective's tensors. Leave together, flush, and exit without the teardown.
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave()  # the process groups left together, no interpreter teardown (torch 2.13's gloo can hang there)
 
 
 if __name__ == "__main__":

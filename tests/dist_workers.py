@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import torch
@@ -13,7 +12,7 @@ from longpack.hardware import get_hardware
 from longpack.model import ModelSpec
 from longpack.planners import PlanContext, get_planner, global_batches
 from longpack.runtime.data import IGNORE, SyntheticCorpus
-from longpack.runtime.dist import all_reduce_sum, init_distributed
+from longpack.runtime.dist import all_reduce_sum, init_distributed, leave
 from longpack.runtime.hf_model import build
 from longpack.runtime.step import run_micro_batches
 
@@ -23,13 +22,8 @@ LENGTHS = np.array([37, 5, 64, 2, 90, 17, 33, 1, 48, 70, 9, 26])
 
 
 def _close() -> None:
-    """Leave the process group together: a rank tearing gloo down while its peer still talks to it can abort."""
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # skip interpreter teardown, where a finished rank has been seen to abort (SIGABRT) once in hundreds of runs
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    """Leave the process group together and exit without interpreter teardown (runtime/dist.py ``leave``)."""
+    leave()
 
 
 def make_model(attn: str = "longpack") -> torch.nn.Module:

@@ -54,12 +54,9 @@ def main() -> None:
         torch.save({"losses": [s["loss"] for s in trainer.longpack_steps], "logged": logged,
                     "state": state, "sharded": sharded, "fsdp_modules": fsdp, "report": trainer.longpack_report}, out)
     if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        # gloo's teardown race (examples/hf_trainer.py): leave without interpreter teardown once flushed
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        from longpack.runtime.dist import leave
+
+        leave()
 
 
 if __name__ == "__main__":

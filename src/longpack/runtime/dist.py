@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "init_distributed", "all_reduce_sum", "free_port"]
+__all__ = ["DistContext", "init_distributed", "all_reduce_sum", "free_port", "leave"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,16 @@ def all_reduce_sum(tensors: list[torch.Tensor], group: dist.ProcessGroup | None 
         n = t.numel()
         t.copy_(flat[offset:offset + n].view_as(t))
         offset += n
+
+
+def leave() -> None:
+    """End a finished process of a multi-process run: leave the process groups together (barrier, destroy), flush,
+    and exit without interpreter teardown. torch 2.13's gloo can deadlock or abort there: the last reference to a
+    group (e.g. a DDP reducer's) joins the group's worker thread while that thread waits for the GIL to free a
+    finished collective's tensors."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -35,7 +35,7 @@ from . import checkpoint
 from .accounting import data_report
 from .context_parallel import CPGroups
 from .data import PlanSampler, Source, SyntheticCorpus
-from .dist import DistContext, all_reduce_sum, free_port, init_distributed
+from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
 from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
 from .step import run_micro_batches
@@ -358,11 +358,7 @@ def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any], errors:
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    # done and flushed: leave without interpreter teardown, where a spawned rank has been seen to abort (SIGABRT,
-    # "terminate called without an active exception") once in several hundred runs after finishing its work
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()  # the group is gone; flush and exit without interpreter teardown (gloo's race there)
 
 
 def launch(args: TrainArgs, nproc: int) -> None:
