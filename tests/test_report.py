@@ -46,10 +46,10 @@ def test_report_gantt_beyond_its_row_limit_draws_the_replicas_that_finish_last()
     from longpack.report.html import gantt
 
     spec = jobs.RunSpec(workload="lmsys-chat-1m", samples=5000, model="qwen2.5-7b", dp=4, cp=8, steps=2)
-    _, plans = jobs.compare_plans(spec, ["fixed_cp"], "fixed_cp", note=None)
-    plan, report = plans["fixed_cp"]
+    comparison = jobs.compare_plans(spec, ["fixed_cp"], "fixed_cp", note=None)
+    plan, report = comparison.plans["fixed_cp"]
     step = max(report.steps, key=lambda s: s.time_s)
-    _, caption = gantt(plan, jobs.build_cost(spec), step.step, max_ranks=16)
+    _, caption = gantt(plan, comparison.cost, step.step, max_ranks=16)
     # the two slowest replicas (8 ranks each) by the simulator's own replica times, named in the caption
     slowest = sorted(np.argsort(step.replica_s)[-2:].tolist())
     assert caption.startswith("the 16 ranks of the replicas that finish last, of 32: ")

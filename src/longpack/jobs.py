@@ -30,7 +30,7 @@ from .sources import load_lengths
 from .workloads import generate, get_workload
 
 __all__ = ["RunSpec", "load_workload", "build_cost", "check_batch", "run_plan", "compare", "compare_plans",
-           "oom_note", "epoch_steps", "length_stats", "bench_planning"]
+           "Comparison", "oom_note", "epoch_steps", "length_stats", "bench_planning"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,16 +180,27 @@ def epoch_steps(samples: int, global_batch: int) -> int:
     return -(-samples // global_batch)
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """:func:`compare_plans`' result: the ``compare --json`` object, each planner's (plan, simulation), and the
+    lengths and cost model they were made from."""
+
+    result: dict[str, Any]
+    plans: dict[str, tuple[Plan, SimReport]]
+    lengths: np.ndarray
+    cost: CostModel
+
+
 def compare(spec: RunSpec, planners: list[str], baseline: str,
             note: Callable[[str], None] | None = say) -> dict[str, Any]:
     """Every planner on the same global batches; the result is the ``compare --json`` object."""
-    return compare_plans(spec, planners, baseline, note)[0]
+    return compare_plans(spec, planners, baseline, note).result
 
 
 def compare_plans(spec: RunSpec, planners: list[str], baseline: str, note: Callable[[str], None] | None = say
-                  ) -> tuple[dict[str, Any], dict[str, tuple[Plan, SimReport]]]:
-    """:func:`compare`, with each planner's plan and simulation (for pictures of them). A plan that runs out of
-    memory is said once (``note``) with its first such step and that step's need."""
+                  ) -> Comparison:
+    """:func:`compare`, with each planner's plan and simulation and the inputs they share (for pictures of them).
+    A plan that runs out of memory is said once (``note``) with its first such step and that step's need."""
     if not planners:
         raise ValueError("--planners is empty; name at least one planner")
     names = list(dict.fromkeys(planners + ([baseline] if baseline not in planners else [])))
@@ -226,8 +237,9 @@ def compare_plans(spec: RunSpec, planners: list[str], baseline: str, note: Calla
     setup = spec.describe() | {"token_cap": cost.token_cap(), "samples": int(len(lengths)),
                                "max_len": spec.max_len if spec.max_len is not None else default_max_len,
                                "steps": n, "epoch_steps": epoch}
-    return {"setup": setup, "baseline": baseline, "baseline_oom_steps": base_oom, "samples": overlong,
-            "planners": results, "exact": exact}, plans
+    result = {"setup": setup, "baseline": baseline, "baseline_oom_steps": base_oom, "samples": overlong,
+              "planners": results, "exact": exact}
+    return Comparison(result, plans, lengths, cost)
 
 
 EXACT_STEPS = 4

@@ -49,7 +49,6 @@ class Meter:
         self.done = 0
         self.start = time.perf_counter()
         self.last_line = -1e9
-        self.lines = 0
         self._bar: Any = None
         self._task: Any = None
 
@@ -80,7 +79,6 @@ class Meter:
         elif now - self.last_line >= self.every:
             print(self.text(), file=self.stream, flush=True)
             self.last_line = now
-            self.lines += 1
 
     def _draw(self) -> None:
         if self._bar is None:
@@ -101,7 +99,6 @@ class Meter:
             self._bar.start()
             self._task = self._bar.add_task(self.label, total=self.total)
         self._bar.update(self._task, completed=min(self.done, self.total))
-        self.lines += 1
 
     def close(self) -> None:
         if self._bar is not None:

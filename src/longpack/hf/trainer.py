@@ -200,6 +200,7 @@ class LongpackMixin:
         self._lp_groups = CPGroups.for_plan(self.plan, world) if wide else None
         self._lp_sampler = PlanSampler(self.plan, rank)
         self._lp_sync: Any = None
+        self._lp_sync_checked = False
         m = plan_metrics(self.plan)
         r = self.longpack_report
         self.longpack_metrics = {"longpack/packing_efficiency": 1.0 - m.pr, "longpack/dbr": m.dbr,
@@ -236,15 +237,16 @@ class LongpackMixin:
         step = int(inputs["longpack_step"])
         net = self.accelerator.unwrap_model(model)
         net.train()
-        if self._lp_sync is None and self._lp_ctx.world > 1:
+        if not self._lp_sync_checked and self._lp_ctx.world > 1:  # Accelerate wraps the model in train()
+            self._lp_sync_checked = True
             self._lp_sync = _fsdp_sync(net, self._lp_ctx.device)
-            if self._lp_sync is False and getattr(self.args, "fsdp", None) and self._lp_ctx.rank == 0:
+            if self._lp_sync is None and getattr(self.args, "fsdp", None) and self._lp_ctx.rank == 0:
                 warnings.warn("LongpackTrainer: fsdp was asked for but Accelerate did not shard the model (it "
                               "enables FSDP on GPU process groups only, not on CPU): every process holds the whole "
                               "model and gradients are summed with one all-reduce per step", stacklevel=2)
         with engine_attention(net):
             stats, _ = run_step(net, self.plan, step, self._lp_sampler.micro_batches(step), self._lp_rows,
-                                self._lp_ctx, self._lp_groups, self.lp.loss, self._lp_sync or None)
+                                self._lp_ctx, self._lp_groups, self.lp.loss, self._lp_sync)
         loss, tokens, targets = (float(x) for x in stats)
         self.longpack_steps.append({"step": step, "loss": loss, "tokens": int(tokens), "targets": int(targets)})
         return torch.tensor(loss, device=self.args.device)
@@ -258,12 +260,12 @@ class LongpackMixin:
 
 def _fsdp_sync(net: torch.nn.Module, device: torch.device) -> Any:
     """A :class:`StepSync` when Accelerate sharded ``net`` with FSDP2 (sum reduction, as the plan's weights need);
-    False (no sync object: one gradient all-reduce) otherwise."""
+    None (one gradient all-reduce) otherwise."""
     from ..runtime.parallelize import StepSync, fsdp_modules
 
     mods = fsdp_modules(net)
     if not mods:
-        return False
+        return None
     for m in mods:
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)

@@ -142,9 +142,8 @@ def length_histogram(lengths: np.ndarray, marks: dict[str, int]) -> str:
 
 def build_report(spec: jobs.RunSpec, planners: list[str], baseline: str) -> str:
     """The HTML page for ``spec`` (see the module docstring)."""
-    result, plans = jobs.compare_plans(spec, planners, baseline)
-    lengths, _ = jobs.load_workload(spec)
-    cost = jobs.build_cost(jobs.check_batch(spec, len(lengths), None))
+    comparison = jobs.compare_plans(spec, planners, baseline)
+    result, plans, lengths, cost = comparison.result, comparison.plans, comparison.lengths, comparison.cost
     cap = cost.token_cap()
     marks = {f"token cap x cp = {cap * spec.cp}": cap * spec.cp}
     sections = []

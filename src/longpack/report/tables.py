@@ -86,11 +86,9 @@ def compare_table(result: dict[str, Any], console: Console | None = None, all_co
         b = rows[base]
         console.print(f"(OOM base): the baseline {base} runs out of memory on {b['oom_steps']} of {b['steps']} steps, "
                       "so its time is not one it could achieve; the speedups against it are marked")
-    n_samples = ov.get("scheduled_samples")
-    if len(rows) == 1:
-        n_samples = None
-    what = f"the same {n_samples:,} samples" if n_samples is not None else "the same samples"
     if len(rows) > 1:
+        n_samples = ov.get("scheduled_samples")
+        what = f"the same {n_samples:,} samples" if n_samples is not None else "the same samples"
         steps_note = ("the first table trains" if other else "all train") + \
             f" them in the same {base_steps} optimizer steps as {base}"
         if other:
