@@ -87,12 +87,14 @@ def main() -> None:
                 + f"\n\ntiny-llama shape (4 layers, hidden 256, 8 heads / 2 KV heads, ffn 688) at three vocabularies, "
                 f"float32, one micro-batch of {args.tokens} tokens (4 documents), the first k layers checkpointed; "
                 f"2 threads, torch {torch.__version__}. Predicted: `CostModel.act_bytes_per_token(k)` at 4 bytes.\n\n"
-                "Reading it: the ratios are what checkpointing decisions rest on. The cost model adds one re-expanded "
-                "layer whenever k > 0; the runtime checkpoints the *first* k layers, whose recomputation comes after "
-                "the later layers' activations are freed, so the measured saving per layer is the whole layer until "
-                "k = all layers. The absolute allocator peak also holds the loss's backward temporaries (the "
-                "log-softmax output, its gradient and the logits' gradient, each tokens x vocab in fp32), of which "
-                "the cost model counts one copy.")
+                "Reading it: the ratios are what checkpointing decisions rest on. The runtime checkpoints the "
+                "*first* k layers, whose recomputation during backward comes after the later layers' activations "
+                "are freed, so each checkpointed layer saves a whole layer less its input until k = all layers, "
+                "where the last one's re-expansion is paid; the cost model prices it so (docs/COST_MODEL.md). The "
+                "absolute figures sit above the prediction: a float32 CPU layer saves more than the bf16 tensors "
+                "the model counts (RMSNorm and RoPE intermediates), and the allocator peak also holds the loss's "
+                "backward temporaries (the log-softmax output, its gradient and the logits' gradient, each tokens "
+                "x vocab in fp32), of which the cost model counts one copy.")
         write_section("train_memory", "Activation memory: measured vs the cost model (real CPU steps)",
                       "python bench/train_memory.py --write", body)
 

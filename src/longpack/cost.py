@@ -219,9 +219,12 @@ class CostModel:
 
         A full layer keeps (bf16): its two norm inputs and outputs feeding GEMMs (~3h), Q and the attention output
         (2·q_width), K and V, the MLP's gate/up outputs and their product (3·ffn, 2·ffn ungated), plus fp32
-        softmax statistics per head; a checkpointed layer keeps only its input (h) and one layer is re-expanded
-        at a time during backward. The LM head keeps fp32 logits for the loss. Under 1F1B the first stage holds
-        pp micro-batches of L/pp layers, i.e. L layers' worth, hence ``model.layers`` below.
+        softmax statistics per head; a checkpointed layer keeps only its input (h). Checkpointing takes a stage's
+        *first* k layers, so during backward a checkpointed layer is re-expanded only after every later layer's
+        activations are freed: the re-expansion raises the peak only when all of the stage's layers are
+        checkpointed, by one layer less its kept input (so k = L costs what k = L − 1 does). The LM head keeps
+        fp32 logits for the loss. Under 1F1B the first stage holds pp micro-batches of L/pp layers, i.e. L
+        layers' worth, hence ``model.layers`` below.
         """
         m, k, b = self.model, self._k(ckpt_layers), self.cfg.act_bytes
         mlp_width = (m.top_k + m.shared_experts) * m.moe_ffn if m.experts else m.ffn
@@ -229,7 +232,8 @@ class CostModel:
         full = b * (3 * m.hidden + 2 * m.q_width + kv + (3 if m.gated_mlp else 2) * mlp_width) + 4 * m.heads
         frac = k / self.layers
         layers = m.layers
-        per_token = layers * ((1 - frac) * full + frac * b * m.hidden) + (full if k else 0.0)
+        kept = b * m.hidden
+        per_token = layers * ((1 - frac) * full + frac * kept) + (full - kept if k == self.layers else 0.0)
         logits = m.vocab * self.cfg.logits_bytes
         return (per_token + logits) / self.cfg.tp
 
