@@ -240,6 +240,70 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
     _close()
 
 
+def sharded_chain_plan(k: int | None = None, chunk: int = 32, cp: int = 2, dp: int = 1, ckpt: int = 0):
+    """One step on dp x cp ranks: sample 4 (90 tokens) as a chain of ``chunk``-token chunks sharded over each CP
+    group (the first N-K recomputed, K = all when None), beside sharded and CP-local whole samples; with dp 2 the
+    second replica chains sample 9 (70 tokens)."""
+    from longpack.plan import MicroBatch, Piece, Plan, Replica, Step
+
+    def chain(sample, others_first, others_last):
+        n = int(LENGTHS[sample])
+        cuts = list(range(0, n, chunk)) + [n]
+        kept = len(cuts) - 1 if k is None else k
+        mbs = [MicroBatch(tuple(Piece(s, 0, int(LENGTHS[s]), r) for s, r in others_first), ckpt_layers=ckpt)]
+        for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+            extra = tuple(Piece(s, 0, int(LENGTHS[s]), r) for s, r in others_last) if b == n else ()
+            mbs.append(MicroBatch((Piece(sample, a, b, None),) + extra, ckpt_layers=ckpt,
+                                  recompute=j < len(cuts) - 1 - kept))
+        return Replica(tuple(mbs))
+
+    reps = [chain(4, [(0, None), (1, 0)], [(5, 0), (6, 1), (11, None)])]
+    if dp > 1:
+        reps.append(chain(9, [(2, 1), (8, None)], [(3, 0), (10, None)]))
+    used = {p.sample for rep in reps for mb in rep.micro_batches for p in mb.pieces}
+    return Plan("sharded_chain", dp * cp, {i: int(LENGTHS[i]) for i in sorted(used)},
+                (Step(cp=cp, token_cap=1024, replicas=tuple(reps)),))
+
+
+def sharded_chain_worker(rank: int, world: int, port: int, out: str, k: int | None, chunk: int, cp: int,
+                         ckpt: int, fsdp: bool) -> None:
+    """One rank of :func:`sharded_chain_plan`; rank 0 saves the summed loss and gradients."""
+    from longpack.runtime.context_parallel import CPGroups
+    from longpack.runtime.step import check_runnable
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    plan = sharded_chain_plan(k, chunk, cp, world // cp, ckpt)
+    plan.validate()
+    check_runnable(plan)
+    step = plan.steps[0]
+    groups = CPGroups.for_plan(plan, world)
+    c, cp_rank, group = groups.of(step, rank)
+    model = make_model()
+    sync = None
+    if fsdp:
+        from longpack.runtime.parallelize import StepSync, parallelize
+
+        model = parallelize(model, world, torch.device("cpu"), torch.float64)
+        sync = StepSync(model, torch.device("cpu"))
+        sync.begin()
+    loss, *_ = run_micro_batches(model, plan, 0, step.replicas[step.position(rank)[0]].micro_batches,
+                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c)
+    stats = torch.tensor([loss], dtype=torch.float64)
+    if sync is not None:
+        sync.end()
+        all_reduce_sum([stats])
+        grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    else:
+        flat = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        all_reduce_sum(flat + [stats])
+        grads = dict(zip([n for n, _ in model.named_parameters()], flat, strict=True))
+    if rank == 0:
+        torch.save({"loss": float(stats[0]), "grads": grads, "plan": plan.to_json()}, out)
+    _close()
+
+
 def _micro_batches(plan):
     for st in plan.steps:
         for r, rep in enumerate(st.replicas):
@@ -247,6 +311,7 @@ def _micro_batches(plan):
                 yield r, m, mb
 
 
-__all__ = ["fsdp_worker", "with_ckpt_layers", "plain_logits", "step_reference", "adaptive_worker", "mixed_plan",
+__all__ = ["sharded_chain_plan", "sharded_chain_worker",
+           "fsdp_worker", "with_ckpt_layers", "plain_logits", "step_reference", "adaptive_worker", "mixed_plan",
            "mixed_worker", "cp_worker", "IGNORE", "make_model", "make_plan", "reference_grads", "packed_grads",
            "parity_worker", "SPEC"]

@@ -50,6 +50,7 @@ from ..runtime.dist import DistContext
 from ..runtime.engine import engine_attention
 from ..runtime.hf_model import check_supported, spec_of
 from ..runtime.loss import MODES
+from ..runtime.step import check_runnable
 from ..runtime.train import run_step
 from ..sim import plan_metrics
 
@@ -215,8 +216,6 @@ class LongpackMixin:
     def _lp_plan(self, net: Any, world: int, say: Any) -> Plan:
         cfg = self.lp
         options = dict(cfg.options)
-        if cfg.planner == "unified":
-            options.setdefault("shard_chains", 0)  # the runtime runs chunk chains at cp = 1
         run = jobs.RunSpec(model=getattr(net.config, "name_or_path", "") or "model", hardware=cfg.hardware,
                            dp=world // cfg.cp, cp=cfg.cp, bucket_size=cfg.token_cap, global_batch=cfg.global_batch,
                            seed=cfg.seed, max_len=cfg.max_len, overlong=cfg.overlong, ckpt_layers=cfg.ckpt_layers,
@@ -224,6 +223,7 @@ class LongpackMixin:
         try:
             cost = jobs.build_cost(run, spec_of(net.config))
             plan, _ = jobs.run_plan(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
+            check_runnable(plan)
         except ValueError as exc:
             raise ValueError(config_message(str(exc))) from None
         return plan

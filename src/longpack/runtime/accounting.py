@@ -2,7 +2,8 @@
 
 :func:`data_report` reads the plan (samples the over-long policy dropped or cut) and the source (rows the reader
 kept out of the plan because they were empty; targets per sample) and returns counts of samples, tokens and
-targets, plus one line for a person. Nothing the plan leaves out goes unreported.
+targets, and of samples the plan runs as chunk chains (the over-long policy's splits and the planner's own), plus
+one line for a person. Nothing the plan leaves out goes unreported.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def data_report(plan: Plan, source: Source) -> dict[str, Any]:
            "dropped_targets": sum(full_targets[s] for s in dropped),
            "truncated_samples": len(cut), "truncated_tokens": sum(plan.lengths[s] - k for s, k in cut.items()),
            "truncated_targets": sum(full_targets[s] - source.target_count(s, k) for s, k in cut.items()),
-           "split_samples": int(plan.meta.get("overlong", {}).get("split", 0)),
+           "split_samples": len({p.sample for *_, p in plan.iter_pieces() if plan.is_chunk(p)}),
            "empty_rows_dropped": int(rows.get("empty_dropped", 0)), "rows": rows}
     reasons = sorted({plan.dropped[s] for s in dropped})
     line = (f"{out['samples']} samples, {out['trained_tokens']:,} of {out['tokens']:,} tokens and "

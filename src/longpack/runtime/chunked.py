@@ -32,7 +32,7 @@ from .data import Packed, Source, collate
 from .engine import checkpointing, forward_logits, num_layers
 from .loss import weighted_loss
 
-__all__ = ["KVStore", "run_chain"]
+__all__ = ["KVStore", "run_chain", "drive_chain"]
 
 
 class KVStore:
@@ -87,15 +87,22 @@ class _ChunkPass:
 
 def run_chain(model: Any, plan: Plan, mbs: list[MicroBatch], sample: int, corpus: Source,
               weights_of: Callable[[Packed], torch.Tensor]) -> tuple[float, int, int]:
-    """Forward ascending, backward descending over the chain's micro-batches; returns (loss share, tokens,
-    targets)."""
+    """A chain on one rank (CP degree 1); returns (loss share, tokens, targets)."""
     store = KVStore(num_layers(model))
-    kept: dict[int, tuple[torch.Tensor, _ChunkPass]] = {}
     batches = [collate(mb, corpus, plan.effective_length) for mb in mbs]
+    return drive_chain(model, mbs, batches, lambda i: _ChunkPass(batches[i], sample, i, store), store, weights_of)
+
+
+def drive_chain(model: Any, mbs: list[MicroBatch], batches: list[Packed], make_pass: Callable[[int], Any],
+                store: Any, weights_of: Callable[[Packed], torch.Tensor]) -> tuple[float, int, int]:
+    """Forward ascending, backward descending over the chain's micro-batches; returns (loss share, tokens,
+    targets). ``make_pass(i)`` builds chunk i's ``attend`` callback, whose ``own`` maps a layer to the chunk's
+    K/V tensors that enter ``store`` (``append``) and receive later chunks' gradients (``grads``)."""
+    kept: dict[int, tuple[torch.Tensor, Any]] = {}
     loss_sum = 0.0
     for i, (mb, batch) in enumerate(zip(mbs, batches, strict=True)):
         with torch.set_grad_enabled(not mb.recompute):
-            attend = _ChunkPass(batch, sample, i, store)
+            attend = make_pass(i)
             with checkpointing(model, mb.ckpt_layers if not mb.recompute else 0):
                 logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
             loss = weighted_loss(logits, batch, weights_of(batch))
@@ -109,7 +116,7 @@ def run_chain(model: Any, plan: Plan, mbs: list[MicroBatch], sample: int, corpus
             loss, attend = kept.pop(i)
         else:  # recompute: the same forward again, now recording the graph
             batch = batches[i]
-            attend = _ChunkPass(batch, sample, i, store)
+            attend = make_pass(i)
             with checkpointing(model, mbs[i].ckpt_layers):
                 logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
             loss = weighted_loss(logits, batch, weights_of(batch))

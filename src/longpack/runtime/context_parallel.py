@@ -182,13 +182,23 @@ class CPAttention:
             out[a:b] = document_attention(q[a:b], k[a:b], v[a:b], [0, b - a])
         full = all_gather_seq(kv, self.group, self.sizes, self.rank, pending)
         keys, vals = self._per_piece(full, k.shape[-1])
-        for i in self.shard_rows:
+        self._attend_sharded(layer, q, k, v, out, keys, vals)
+        return out
+
+    def _attend_sharded(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        keys: dict[int, torch.Tensor], vals: dict[int, torch.Tensor]) -> None:
+        """Fill ``out`` for the sharded rows from the gathered per-piece ``keys`` / ``vals`` (a chain overrides)."""
+        self._attend_rows(self.shard_rows, q, out, keys, vals)
+
+    def _attend_rows(self, rows: list[int], q: torch.Tensor, out: torch.Tensor, keys: dict[int, torch.Tensor],
+                     vals: dict[int, torch.Tensor]) -> None:
+        """Each sharded row [a, b) of its piece attends to the piece's keys [start, b), bottom-right causal."""
+        for i in rows:
             sample, a, b = self.rows[i]
             piece = next(p for p in self.pieces if p.sample == sample)
             kp, vp = keys[sample], vals[sample]
             qa, qb = self.offs[i], self.offs[i + 1]
             out[qa:qb] = _bottom_right(q[qa:qb], kp[: b - piece.start], vp[: b - piece.start])
-        return out
 
     def _per_piece(self, full: torch.Tensor, d: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Reassemble each sharded piece's K and V in token order from the gathered rank-ordered rows."""

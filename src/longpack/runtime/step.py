@@ -4,8 +4,9 @@ Whole documents run through :func:`~longpack.runtime.attention.document_attentio
 micro-batches holding the pieces of one sample) runs through :func:`~longpack.runtime.chunked.run_chain` —
 forward ascending, backward descending, recomputing the chunks the plan marks. A step with CP > 1 runs as
 ``cp_rank`` of the step's CP group in :mod:`~longpack.runtime.context_parallel` (local pieces whole, zigzag
-shares of sharded pieces, K/V all-gathered and overlapped with local attention). A micro-batch's ``ckpt_layers``
-checkpoints that many decoder layers (runtime/engine.py).
+shares of sharded pieces, K/V all-gathered and overlapped with local attention); a chain there is sharded over
+the group (:mod:`~longpack.runtime.sharded_chain`). A micro-batch's ``ckpt_layers`` checkpoints that many decoder
+layers (runtime/engine.py). :func:`check_runnable` refuses, before the first step, a plan these rules cannot run.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import torch
 
 from ..plan import MicroBatch, Plan
 from .attention import document_attention
-from .chunked import run_chain
+from .chunked import drive_chain, run_chain
 from .context_parallel import CPAttention, rank_pieces
 from .data import Source, collate
-from .engine import checkpointing, forward_logits
+from .engine import checkpointing, forward_logits, num_layers
 from .loss import step_targets, token_weights, weighted_loss
+from .sharded_chain import ShardedChainPass, ShardedKVStore
 
-__all__ = ["run_micro_batches"]
+__all__ = ["run_micro_batches", "check_runnable"]
 
 
 def _documents(cu: list[int]):  # noqa: ANN202
@@ -49,33 +51,87 @@ def _chain_segment(plan: Plan, mbs: tuple[MicroBatch, ...], i: int) -> tuple[int
     return sample, j
 
 
-def _run_cp(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: Source,
-            weights_of, cp: int, cp_rank: int, group, overlap: bool) -> tuple[float, int, int]:  # noqa: ANN001
-    """A CP step on one rank of a group of ``cp``: local pieces whole, a zigzag share of every sharded piece, K/V
-    all-gathered."""
-    loss_sum, tokens, n_targets = 0.0, 0, 0
-    for i, mb in enumerate(mbs):
-        if not mb.pieces:
-            continue
-        if any(p.cp_rank is None and plan.is_chunk(p) for p in mb.pieces):
-            raise NotImplementedError(f"step {step}, micro-batch {i}: a chunk of a split sample sharded over CP; "
-                                      "chunk chains run only at cp=1 in this version")
-        rows, sharded = rank_pieces(mb, cp, cp_rank)
-        if not rows:
-            if any(p.cp_rank is None for p in mb.pieces):
-                raise ValueError(f"step {step}, micro-batch {i}: a sharded piece too short to give CP rank "
-                                 f"{cp_rank} any token (fewer than {2 * cp} tokens over CP {cp})")
-            continue  # this rank holds nothing of the micro-batch and takes part in no exchange
-        batch = collate(mb, corpus, plan.effective_length, pieces=rows)
-        attend = CPAttention(mb, cp, cp_rank, group, rows, sharded, overlap=overlap)
-        with checkpointing(model, mb.ckpt_layers):
-            logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
-        loss = weighted_loss(logits, batch, weights_of(batch))
-        loss.backward()
-        loss_sum += float(loss.detach())
-        tokens += batch.tokens
-        n_targets += batch.targets
-    return loss_sum, tokens, n_targets
+def _cp_one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of, cp: int, cp_rank: int, group,
+            overlap: bool) -> tuple[float, int, int]:  # noqa: ANN001
+    """One micro-batch on one rank of a CP group of ``cp``: local pieces whole, a zigzag share of every sharded
+    piece, K/V all-gathered."""
+    rows, sharded = rank_pieces(mb, cp, cp_rank)
+    if not rows:
+        return 0.0, 0, 0  # this rank holds nothing of the micro-batch and takes part in no exchange (check_runnable)
+    batch = collate(mb, corpus, plan.effective_length, pieces=rows)
+    attend = CPAttention(mb, cp, cp_rank, group, rows, sharded, overlap=overlap)
+    with checkpointing(model, mb.ckpt_layers):
+        logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
+    loss = weighted_loss(logits, batch, weights_of(batch))
+    loss.backward()
+    return float(loss.detach()), batch.tokens, batch.targets
+
+
+def _one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of,
+         device: torch.device | None) -> tuple[float, int, int]:  # noqa: ANN001
+    """One micro-batch of whole documents on one rank (CP degree 1)."""
+    batch = collate(mb, corpus, plan.effective_length)
+    if device is not None and device.type != "cpu":
+        batch.input_ids, batch.labels = batch.input_ids.to(device), batch.labels.to(device)
+        batch.position_ids = batch.position_ids.to(device)
+    with checkpointing(model, mb.ckpt_layers):
+        logits = forward_logits(model, batch.input_ids, batch.position_ids, _documents(batch.cu_seqlens))
+    loss = weighted_loss(logits, batch, weights_of(batch).to(logits.device))
+    loss.backward()
+    return float(loss.detach()), batch.tokens, batch.targets
+
+
+def _cp_chain(model: Any, plan: Plan, seg: list[MicroBatch], sample: int, corpus: Source, weights_of, cp: int,
+              cp_rank: int, group, overlap: bool) -> tuple[float, int, int]:  # noqa: ANN001
+    """One chain of chunks sharded over the CP group, on this rank."""
+    store = ShardedKVStore(num_layers(model), group, cp, cp_rank)
+    parts = [rank_pieces(mb, cp, cp_rank) for mb in seg]
+    batches = [collate(mb, corpus, plan.effective_length, pieces=rows) for mb, (rows, _) in zip(seg, parts,
+                                                                                               strict=True)]
+    return drive_chain(model, seg, batches, lambda j: ShardedChainPass(seg[j], cp, cp_rank, group, *parts[j],
+                                                                       sample, j, store, overlap), store, weights_of)
+
+
+def check_runnable(plan: Plan) -> None:
+    """Refuse, before any step trains, a plan this runtime cannot execute; the message names the step, replica,
+    micro-batch and piece. Checks: chunk chains well formed (each starts at token 0 on its replica, contiguous,
+    one started per micro-batch); at CP degree > 1 a chain's pieces sharded over the group; every CP rank holding
+    some token of a micro-batch that has sharded pieces. Cost: one pass over the plan's pieces."""
+    for s, st in enumerate(plan.steps):
+        for r, rep in enumerate(st.replicas):
+            cp, mbs, i = st.replica_cp(r), rep.micro_batches, 0
+            while i < len(mbs):  # the runtime's own walk over the replica
+                try:
+                    chain = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
+                except ValueError as exc:
+                    raise ValueError(f"step {s}, replica {r}: {exc}; the runtime cannot run this plan") from None
+                sample, last = chain if chain else (-1, i)
+                for j in range(i, last + 1):
+                    where = f"step {s}, replica {r}, micro-batch {j}"
+                    other = next((p for p in mbs[j].pieces if chain and plan.is_chunk(p) and p.sample != sample),
+                                 None)
+                    if other is not None:
+                        raise ValueError(f"{where}: a chunk of sample {other.sample} (tokens {other.start}-"
+                                         f"{other.stop}) inside the chain of sample {sample}; the runtime runs "
+                                         "one chain at a time")
+                    if cp > 1:
+                        _check_cp_micro_batch(plan, mbs[j], cp, where)
+                i = last + 1
+
+
+def _check_cp_micro_batch(plan: Plan, mb: MicroBatch, cp: int, where: str) -> None:
+    for p in mb.pieces:
+        if p.cp_rank is not None and plan.is_chunk(p):
+            raise ValueError(f"{where}: piece of sample {p.sample} (tokens {p.start}-{p.stop}) is a chunk held by CP "
+                             f"rank {p.cp_rank} alone in a group of {cp}; the runtime runs chains at CP > 1 only "
+                             "sharded over the group (cp_rank null)")
+    if any(p.cp_rank is None and p.stop - p.start < 2 * cp for p in mb.pieces):
+        for rank in range(cp):
+            if not rank_pieces(mb, cp, rank)[0]:
+                p = next(p for p in mb.pieces if p.cp_rank is None)
+                raise ValueError(f"{where}: sharded piece of sample {p.sample} (tokens {p.start}-{p.stop}) gives CP "
+                                 f"rank {rank} of {cp} no token and it holds nothing else of the micro-batch; "
+                                 f"shard only pieces of at least {2 * cp} tokens")
 
 
 def run_micro_batches(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: Source,
@@ -89,33 +145,31 @@ def run_micro_batches(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, 
     targets = step_targets(plan, plan.steps[step], corpus)
     total = sum(targets.values())
     cp = plan.steps[step].cp if cp is None else cp
+
+    def weights_of(b: Any) -> torch.Tensor:
+        return token_weights(b, targets, mode, total)
+
     if cp > 1:
-        return _run_cp(model, plan, step, mbs, corpus, lambda b: token_weights(b, targets, mode, total), cp,
-                       cp_rank, cp_group, overlap)
+        def chain_of(seg: list[MicroBatch], sample: int) -> tuple[float, int, int]:
+            return _cp_chain(model, plan, seg, sample, corpus, weights_of, cp, cp_rank, cp_group, overlap)
+
+        def one(mb: MicroBatch) -> tuple[float, int, int]:
+            return _cp_one(model, plan, mb, corpus, weights_of, cp, cp_rank, cp_group, overlap)
+    else:
+        def chain_of(seg: list[MicroBatch], sample: int) -> tuple[float, int, int]:
+            return run_chain(model, plan, seg, sample, corpus, weights_of)
+
+        def one(mb: MicroBatch) -> tuple[float, int, int]:
+            return _one(model, plan, mb, corpus, weights_of, device)
     loss_sum, tokens, n_targets = 0.0, 0, 0
     i = 0
     while i < len(mbs):
-        mb = mbs[i]
-        chain = _chain_segment(plan, mbs, i) if mb.pieces else None
+        chain = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
         if chain is not None:
-            sample, last = chain
-            part, n, t = run_chain(model, plan, list(mbs[i:last + 1]), sample, corpus,
-                                   lambda b: token_weights(b, targets, mode, total))
-            loss_sum, tokens, n_targets, i = loss_sum + part, tokens + n, n_targets + t, last + 1
-            continue
-        i += 1
-        if not mb.pieces:
-            continue
-        batch = collate(mb, corpus, plan.effective_length)
-        if device is not None and device.type != "cpu":
-            batch.input_ids, batch.labels = batch.input_ids.to(device), batch.labels.to(device)
-            batch.position_ids = batch.position_ids.to(device)
-        with checkpointing(model, mb.ckpt_layers):
-            logits = forward_logits(model, batch.input_ids, batch.position_ids, _documents(batch.cu_seqlens))
-        weights = token_weights(batch, targets, mode, total).to(logits.device)
-        loss = weighted_loss(logits, batch, weights)
-        loss.backward()
-        loss_sum += float(loss.detach())
-        tokens += batch.tokens
-        n_targets += batch.targets
+            part = chain_of(list(mbs[i:chain[1] + 1]), chain[0])
+            i = chain[1] + 1
+        else:
+            part = one(mbs[i]) if mbs[i].pieces else (0.0, 0, 0)
+            i += 1
+        loss_sum, tokens, n_targets = loss_sum + part[0], tokens + part[1], n_targets + part[2]
     return loss_sum, tokens, n_targets

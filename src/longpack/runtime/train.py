@@ -38,7 +38,7 @@ from .data import PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
 from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
-from .step import run_micro_batches
+from .step import check_runnable, run_micro_batches
 
 __all__ = ["TrainArgs", "train", "build_plan", "launch", "run_step"]
 
@@ -113,9 +113,6 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     if run.cp < 1 or world % run.cp:
         raise ValueError(f"--cp {run.cp} must divide the number of processes ({world})")
     run = replace(run, dp=world // run.cp)
-    if args.planner == "unified" and "shard_chains" not in run.options:
-        # the runtime runs chunk chains at cp = 1 only: unified keeps chains off CP groups
-        run = replace(run, options=dict(run.options) | {"shard_chains": 0})
     spec = spec or model_spec(args)
     if args.data is not None:
         source = source if source is not None else load_source(args, spec.vocab)
@@ -125,6 +122,7 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
         lengths, default_max_len = jobs.load_workload(run)
     cost = jobs.build_cost(run, spec)
     plan, _ = jobs.run_plan(args.planner, lengths, run, cost, default_max_len, note=note)
+    check_runnable(plan)
     return plan, cost
 
 
