@@ -117,9 +117,16 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
     _close()
 
 
-def step_reference(plan, step: int) -> dict[str, torch.Tensor]:
-    """Unpacked single-process gradients of one step's samples (token mean over that step)."""
-    model = make_model("sdpa")
+def step_reference(plan, step: int, layers: int | None = None) -> dict[str, torch.Tensor]:
+    """Unpacked single-process gradients of one step's samples (token mean over that step); ``layers``: a deeper
+    model of the same shape otherwise."""
+    if layers is None:
+        model = make_model("sdpa")
+    else:
+        from dataclasses import replace
+
+        model = build(replace(SPEC, layers=layers), 1234, torch.float64).train()
+        model.set_attn_implementation("sdpa")
     corpus = SyntheticCorpus(SPEC.vocab, seed=0)
     samples = sorted({p.sample for r in plan.steps[step].replicas for mb in r.micro_batches for p in mb.pieces})
     total = sum(int(LENGTHS[s]) - 1 for s in samples)
@@ -250,10 +257,13 @@ def sharded_chain_plan(k: int | None = None, chunk: int = 32, cp: int = 2, dp: i
         n = int(LENGTHS[sample])
         cuts = list(range(0, n, chunk)) + [n]
         kept = len(cuts) - 1 if k is None else k
-        mbs = [MicroBatch(tuple(Piece(s, 0, int(LENGTHS[s]), r) for s, r in others_first), ckpt_layers=ckpt)]
+        def whole(s, r):
+            return Piece(s, 0, int(LENGTHS[s]), r if cp > 1 else 0)
+
+        mbs = [MicroBatch(tuple(whole(s, r) for s, r in others_first), ckpt_layers=ckpt)]
         for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
-            extra = tuple(Piece(s, 0, int(LENGTHS[s]), r) for s, r in others_last) if b == n else ()
-            mbs.append(MicroBatch((Piece(sample, a, b, None),) + extra, ckpt_layers=ckpt,
+            extra = tuple(whole(s, r) for s, r in others_last) if b == n else ()
+            mbs.append(MicroBatch((Piece(sample, a, b, None if cp > 1 else 0),) + extra, ckpt_layers=ckpt,
                                   recompute=j < len(cuts) - 1 - kept))
         return Replica(tuple(mbs))
 
@@ -304,6 +314,49 @@ def sharded_chain_worker(rank: int, world: int, port: int, out: str, k: int | No
     _close()
 
 
+def pipeline_worker(rank: int, world: int, port: int, out: str, pp: int, cp: int, k: int | None, chunk: int,
+                    layers: int) -> None:
+    """One rank of :func:`sharded_chain_plan` run through ``pp`` pipeline stages of a ``layers``-layer model (world
+    = pp x dp x cp); rank 0 saves the loss and every stage's gradients under the whole model's names."""
+    from dataclasses import replace
+
+    from longpack.runtime.context_parallel import CPGroups
+    from longpack.runtime.pipeline import Layout, PipelineStage, global_names, split_model
+    from longpack.runtime.step import check_runnable
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    n = world // pp
+    stage, prank = divmod(rank, n)
+    plan = sharded_chain_plan(k, chunk, cp, n // cp)
+    plan.validate()
+    check_runnable(plan)
+    st = plan.steps[0]
+    groups = CPGroups.for_plan(plan, world, stages=pp) if cp > 1 else None
+    c, cp_rank, group = groups.of(st, prank, offset=stage * n) if groups else (1, 0, None)
+    spec = replace(SPEC, layers=layers)
+    model = split_model(build(spec, 1234, torch.float64).train(), stage, pp)
+    runner = PipelineStage(model, Layout.build(rank, world, pp, tied=False), rank, spec.hidden, torch.float64)
+    mbs = st.replicas[st.position(prank)[0]].micro_batches
+    fwd = [float(sum(p.stop - p.start for p in mb.pieces)) for mb in mbs]
+    loss, *_ = runner.run_step(plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), fwd, "token_mean", c, cp_rank,
+                               group)
+    names = global_names(model, stage, pp)
+    mine = {names[nm]: (p.grad if p.grad is not None else torch.zeros_like(p)) for nm, p in model.named_parameters()}
+    full = build(spec, 1234, torch.float64)
+    grads = {nm: torch.zeros_like(p) for nm, p in full.named_parameters()}
+    for nm, g in mine.items():
+        grads[nm] += g
+    flat = list(grads.values())
+    stats = torch.tensor([loss], dtype=torch.float64)
+    all_reduce_sum(flat + [stats])
+    if rank == 0:
+        torch.save({"loss": float(stats[0]), "grads": grads, "plan": plan.to_json(), "layers": layers,
+                    "ops": runner.ops}, out)
+    _close()
+
+
 def _micro_batches(plan):
     for st in plan.steps:
         for r, rep in enumerate(st.replicas):
@@ -311,7 +364,7 @@ def _micro_batches(plan):
                 yield r, m, mb
 
 
-__all__ = ["sharded_chain_plan", "sharded_chain_worker",
+__all__ = ["pipeline_worker", "sharded_chain_plan", "sharded_chain_worker",
            "fsdp_worker", "with_ckpt_layers", "plain_logits", "step_reference", "adaptive_worker", "mixed_plan",
            "mixed_worker", "cp_worker", "IGNORE", "make_model", "make_plan", "reference_grads", "packed_grads",
            "parity_worker", "SPEC"]

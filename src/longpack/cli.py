@@ -358,7 +358,9 @@ def train(planner: PlannerName = "unified",
           workload: Workload = "tiny-longtail", lengths: Lengths = None, column: Column = "length",
           samples: Samples = None, model: Annotated[str, typer.Option(help="Model shape (random init).")] =
           "tiny-llama", hardware: Hardware = "cpu",
-          cp: Annotated[int, typer.Option(min=1, help="Context-parallel degree (dp = processes / cp).")] = 1,
+          cp: Annotated[int, typer.Option(min=1, help="Context-parallel degree (dp = processes / (cp x pp)).")] = 1,
+          pp: Annotated[int, typer.Option(min=1, help="Pipeline stages: the decoder split over pp processes per "
+                                          "plan rank, state-aware 1F1B (with --no-fsdp).")] = 1,
           global_batch: GlobalBatch = 32, steps: Steps = None, seed: Seed = 0,
           bucket_size: Annotated[int, typer.Option(min=1, help="Token cap per rank per micro-batch.")] = 4096,
           max_len: MaxLen = None, overlong: Overlong = "split", opt: Opt = None,
@@ -417,7 +419,7 @@ def train(planner: PlannerName = "unified",
                      checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
-                     fsdp=fsdp)
+                     fsdp=fsdp, pp=pp)
     if "WORLD_SIZE" in os.environ:
         run_train(args)
     else:

@@ -90,21 +90,24 @@ class CPGroups:
         return cls(out, extra)
 
     @classmethod
-    def for_plan(cls, plan: Plan, world: int, timeout: float | None = None) -> CPGroups:
+    def for_plan(cls, plan: Plan, world: int, timeout: float | None = None, stages: int = 1) -> CPGroups:
         """The groups of every step of ``plan``: each degree's aligned groups, and the unaligned spans of steps on
-        groups of several sizes."""
-        spans = {span for s in plan.steps if s.degrees for span in s.spans()}
+        groups of several sizes; with ``stages`` pipeline stages of world/stages ranks each, every stage's."""
+        n = world // stages
+        spans = {(first + s * n, c) for st in plan.steps if st.degrees for first, c in st.spans()
+                 for s in range(stages)}
         degrees = {s.cp for s in plan.steps if not s.degrees} | {c for _, c in spans}
         return cls.build(degrees, world, spans, timeout)
 
     def group(self, cp: int, rank: int) -> dist.ProcessGroup | None:
         return self.groups[cp][rank // cp]
 
-    def of(self, step: Step, rank: int) -> tuple[int, int, dist.ProcessGroup | None]:
-        """(degree, CP rank, process group) of ``rank`` in its replica of ``step``."""
+    def of(self, step: Step, rank: int, offset: int = 0) -> tuple[int, int, dist.ProcessGroup | None]:
+        """(degree, CP rank, process group) of plan rank ``rank`` in its replica of ``step``; ``offset``: the
+        global rank of the plan's rank 0 (a pipeline stage's first rank)."""
         replica, cp_rank = step.position(rank)
         cp = step.replica_cp(replica)
-        first = rank - cp_rank
+        first = rank - cp_rank + offset
         if cp <= 1:
             return cp, cp_rank, None
         return cp, cp_rank, self.spans[(first, cp)] if first % cp else self.groups[cp][first // cp]

@@ -68,6 +68,7 @@ class TrainArgs:
     json_log: bool = False
     threads: int | None = None
     timeout: float = 600.0
+    pp: int = 1
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -76,6 +77,11 @@ class TrainArgs:
             raise ValueError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir DIR to write to")
         if (self.resume or self.resume_if_present) and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR, the folder of the run to continue")
+        if self.pp < 1:
+            raise ValueError(f"--pp {self.pp}: must be >= 1")
+        if self.pp > 1 and self.checkpoint_dir:
+            raise ValueError(f"--pp {self.pp} does not write --checkpoint-dir checkpoints in this version; drop "
+                             "--checkpoint-dir (--output-dir still writes the trained model)")
         if not self.timeout > 0:
             raise ValueError(f"--timeout {self.timeout}: must be > 0 seconds")
 
@@ -110,9 +116,15 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     """The plan every rank computes identically (same inputs, same seed), and its cost model; ``note``: where notes
     for the user go (one process says them)."""
     run = args.run
+    if world % args.pp:
+        raise ValueError(f"--pp {args.pp} must divide the number of processes ({world})")
+    world //= args.pp  # the plan's ranks: one pipeline's stages run each plan rank's micro-batches
+    if args.pp > 1 and args.fsdp and world > 1:
+        raise ValueError(f"--pp {args.pp} with {world} processes per stage: FSDP2 within a pipeline stage is not "
+                         "built yet; add --no-fsdp (gradients are then all-reduced within each stage)")
     if run.cp < 1 or world % run.cp:
-        raise ValueError(f"--cp {run.cp} must divide the number of processes ({world})")
-    run = replace(run, dp=world // run.cp)
+        raise ValueError(f"--cp {run.cp} must divide the number of processes per pipeline stage ({world})")
+    run = replace(run, dp=world // run.cp, pp=args.pp)
     spec = spec or model_spec(args)
     if args.data is not None:
         source = source if source is not None else load_source(args, spec.vocab)
@@ -126,20 +138,29 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     return plan, cost
 
 
-def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan) -> torch.nn.Module:
+def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage: int = 0) -> torch.nn.Module:
     from .hf_model import build, check_supported, load
 
     dtype = DTYPES[args.dtype]
-    sharded_bf16 = dtype == torch.bfloat16 and args.fsdp and ctx.distributed
+    sharded_bf16 = dtype == torch.bfloat16 and _fsdp(args, ctx)
     param_dtype = torch.float32 if sharded_bf16 else dtype  # FSDP2 keeps fp32 shards and computes in bf16
     model = load(args.model_path, param_dtype) if args.model_path else build(spec, args.run.seed, param_dtype)
     check_supported(model, max((plan.effective_length(s) for s in plan.lengths), default=1))
+    if args.pp > 1:
+        from .pipeline import split_model
+
+        split_model(model, stage, args.pp)
     model.to(ctx.device).train()
-    if args.fsdp and ctx.distributed:
+    if _fsdp(args, ctx):
         from .parallelize import parallelize
 
         parallelize(model, ctx.world, ctx.device, dtype)
     return model
+
+
+def _fsdp(args: TrainArgs, ctx: DistContext) -> bool:
+    """FSDP2 runs when asked and there is more than one process per pipeline stage to shard over."""
+    return args.fsdp and ctx.world // args.pp > 1
 
 
 def _peer_lost(exc: BaseException) -> bool:
@@ -164,7 +185,21 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
         print(f"step {record['step']:5d}  loss {record['loss']:.4f}  targets {record['targets']:6d}  tokens "
               f"{record['tokens']:6d}  {record['step_seconds']:.3f} s  {record['tokens'] / record['step_seconds']:.0f}"
               f" tokens/s  mem {max(mem['measured_bytes']) / 2**20:.1f} MiB measured / "
-              f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})", flush=True)
+              f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})" + _pipeline_phrase(record),
+              flush=True)
+
+
+def _pipeline_phrase(record: dict[str, Any]) -> str:
+    """The step line's pipeline part: busy seconds per stage and the bubble, measured against simulated."""
+    pipe = record.get("pipeline")
+    if not pipe:
+        return ""
+    per_stage: dict[int, float] = {}
+    for stage, busy in zip(pipe["stage"], pipe["busy_seconds"], strict=True):
+        per_stage[stage] = max(per_stage.get(stage, 0.0), busy)
+    busy = "/".join(f"{per_stage[s]:.2f}" for s in sorted(per_stage))
+    return (f"  pp busy {busy} s, bubble {max(pipe['measured_bubble']):.0%} measured / "
+            f"{max(pipe['simulated_bubble']):.0%} simulated")
 
 
 def _rank_prediction(plan: Plan, step: int, rank: int, cost: CostModel, activations_only: bool) -> float:
@@ -188,7 +223,7 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
             "samples": r.samples, "seed": r.seed, "global-batch": r.global_batch, "cp": r.cp, "nproc": world,
             "bucket-size": r.bucket_size, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
             "ckpt-layers": r.ckpt_layers, "hardware": r.hardware, "loss": args.loss, "lr": args.lr,
-            "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp}
+            "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp, "pp": args.pp}
 
 
 def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan_steps: list[Any]) -> None:
@@ -223,36 +258,52 @@ def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer,
 
 
 def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Source, ctx: DistContext,
-             groups: CPGroups | None, mode: str, sync: Any) -> tuple[torch.Tensor, float]:
-    """Forward/backward of this rank's micro-batches of ``step`` and the gradient sum over every rank (FSDP2's
-    reduce-scatter through ``sync``, or one all-reduce); returns (loss, tokens, targets) summed over ranks, and
-    this rank's measured activation peak. ``longpack train`` and the Trainer both run their steps through this."""
-    cp, cp_rank, group = groups.of(plan.steps[step], ctx.rank) if groups else (1, 0, None)
+             groups: CPGroups | None, mode: str, sync: Any, pipe: Any = None) -> tuple[torch.Tensor, float]:
+    """Forward/backward of this rank's micro-batches of ``step`` and the gradient sum over every rank holding the
+    same parameters (FSDP2's reduce-scatter through ``sync``, or one all-reduce); returns (loss, tokens, targets)
+    summed over ranks, and this rank's measured activation peak. ``pipe``: this rank's
+    :class:`~longpack.runtime.pipeline.PipelineStage` under pipeline parallelism. ``longpack train`` and the
+    Trainer both run their steps through this."""
+    layout = pipe.layout if pipe is not None else None
+    rank, offset = (layout.prank, layout.offset) if layout else (ctx.rank, 0)
+    cp, cp_rank, group = groups.of(plan.steps[step], rank, offset) if groups else (1, 0, None)
     meter = ActivationMeter()
     if sync is not None:
         sync.begin()
     with meter.measure(model):
-        loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode,
-                                                  device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
+        if pipe is not None:
+            loss, tokens, targets = pipe.run_step(plan, step, mbs, source, None, mode, cp, cp_rank, group)
+        else:
+            loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode,
+                                                      device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
     stats = torch.tensor([loss, float(tokens), float(targets)], dtype=torch.float64)
     if sync is not None:
         sync.end()
         all_reduce_sum([stats])
-    else:
-        params = [p for p in model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        return stats, float(meter.peak)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if layout is None:
         all_reduce_sum(grads + [stats])
-        for p, g in zip(params, grads, strict=True):
-            p.grad = g
+    else:  # gradients within the stage (and a tied embedding between the first and last stage); stats everywhere
+        if layout.n > 1:
+            all_reduce_sum(grads, group=layout.stage_group)
+        all_reduce_sum([stats])
+        if layout.tied_group is not None:
+            tied = next(i for i, p in enumerate(params) if p is pipe.tied_weight)
+            all_reduce_sum([grads[tied]], group=layout.tied_group)
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
     return stats, float(meter.peak)
 
 
-def _memory(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float) -> dict[str, Any]:
+def _memory(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float,
+            prank: int) -> dict[str, Any]:
     on_gpu = ctx.device.type == "cuda"
     measured = torch.zeros(ctx.world, dtype=torch.float64)
     predicted = torch.zeros(ctx.world, dtype=torch.float64)
     measured[ctx.rank] = float(torch.cuda.max_memory_allocated(ctx.device)) if on_gpu else measured_cpu
-    predicted[ctx.rank] = _rank_prediction(plan, step, ctx.rank, cost, activations_only=not on_gpu)
+    predicted[ctx.rank] = _rank_prediction(plan, step, prank, cost, activations_only=not on_gpu)
     all_reduce_sum([measured, predicted])
     return {"what": "cuda max_memory_allocated" if on_gpu else "activations held for backward",
             "measured_bytes": [int(x) for x in measured.tolist()],
@@ -266,7 +317,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     spec = model_spec(args)
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-               fsdp=args.fsdp and ctx.distributed, dtype=DTYPES[args.dtype], device=ctx.device)
+               fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device)
     source = load_source(args, spec.vocab)
     plan, cost = build_plan(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
     # the memory prediction at the run's own activation width (the planning model assumes bf16)
@@ -274,13 +325,17 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     report = data_report(plan, source)
     _emit(ctx, args, {"data": report})
     plan_steps = plan.to_dict()["steps"]
-    model = _model(args, spec, ctx, plan)
+    pipe = _pipeline(args, spec, ctx, cost)
+    model = _model(args, spec, ctx, plan, pipe.stage if pipe else 0)
+    if pipe is not None:
+        pipe.model = model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    sampler = PlanSampler(plan, ctx.rank)
+    prank = pipe.layout.prank if pipe else ctx.rank
+    sampler = PlanSampler(plan, prank)
     wide = ctx.distributed and max(s.cp for s in plan.steps) > 1
-    groups = CPGroups.for_plan(plan, ctx.world, args.timeout) if wide else None
+    groups = CPGroups.for_plan(plan, ctx.world, args.timeout, stages=args.pp) if wide else None
     sync = None
-    if args.fsdp and ctx.distributed:
+    if _fsdp(args, ctx):
         from .parallelize import StepSync
 
         sync = StepSync(model, ctx.device)
@@ -292,7 +347,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         try:
-            stats, peak = run_step(model, plan, step, mbs, source, ctx, groups, args.loss, sync)
+            stats, peak = run_step(model, plan, step, mbs, source, ctx, groups, args.loss, sync, pipe)
         except RuntimeError as exc:
             if ctx.distributed and _peer_lost(exc):
                 raise ValueError(f"step {step}: the other ranks did not answer within --timeout {args.timeout:g} s "
@@ -301,7 +356,9 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
-               "step_seconds": time.perf_counter() - t0, "memory": _memory(plan, step, mem_cost, ctx, peak)}
+               "step_seconds": time.perf_counter() - t0, "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
+        if pipe is not None:
+            rec["pipeline"] = _pipeline_record(pipe, ctx)
         records.append(rec)
         _emit(ctx, args, rec)
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
@@ -316,18 +373,54 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
                "empty_rows_dropped": report["empty_rows_dropped"], "output_dir": args.output_dir,
                "threads": torch.get_num_threads()}
     if args.output_dir:
-        _save_output(args, model, ctx)
+        _save_output(args, model, ctx, pipe)
     _emit(ctx, args, {"summary": summary})
     return {"steps": records, "summary": summary, "data": report, "model": model}
 
 
-def _save_output(args: TrainArgs, model: Any, ctx: DistContext) -> None:
+def _pipeline(args: TrainArgs, spec: ModelSpec, ctx: DistContext, cost: CostModel) -> Any:
+    """This rank's pipeline stage (None without --pp)."""
+    if args.pp == 1:
+        return None
+    from .pipeline import Layout, PipelineStage
+
+    layout = Layout.build(ctx.rank, ctx.world, args.pp, tied=spec.tied_embeddings)
+    return PipelineStage(None, layout, ctx.rank, spec.hidden, DTYPES[args.dtype], cost)
+
+
+def _pipeline_record(pipe: Any, ctx: DistContext) -> dict[str, Any]:
+    """Per rank: stage, busy and idle seconds of the step (measured), and the simulator's bubble ratio of its
+    replica's schedule; per pipeline (plan rank): the measured bubble ratio, 1 − useful / (pp · makespan)."""
+    vals = torch.zeros((4, ctx.world), dtype=torch.float64)
+    vals[:, ctx.rank] = torch.tensor([pipe.busy, pipe.useful, pipe.span, pipe.simulated_bubble])
+    all_reduce_sum([vals])
+    busy, useful, span, sim = vals.tolist()
+    n, pp = pipe.layout.n, pipe.layout.pp
+    makespan = [max(span[s * n + r] for s in range(pp)) for r in range(n)]
+    measured = [1.0 - sum(useful[s * n + r] for s in range(pp)) / (pp * makespan[r]) if makespan[r] > 0 else 0.0
+                for r in range(n)]
+    return {"stage": [x // n for x in range(ctx.world)], "busy_seconds": busy,
+            "idle_seconds": [makespan[x % n] - busy[x] for x in range(ctx.world)],
+            "measured_bubble": measured, "simulated_bubble": sim[:n]}
+
+
+def _save_output(args: TrainArgs, model: Any, ctx: DistContext, pipe: Any = None) -> None:
     """A consolidated Hugging Face checkpoint (rank 0 writes; every rank takes part in gathering)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from .hf_model import save
 
-    state: Any = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if pipe is not None:  # the stages' tensors, gathered under the whole model's names, into a full skeleton
+        from transformers import AutoModelForCausalLM
+
+        from .pipeline import gather_state
+
+        state: Any = gather_state(model, pipe.layout)
+        if ctx.rank == 0:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(model.config)
+    else:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if ctx.rank == 0 and args.output_dir:
         keep = None if args.dtype == "float64" else (torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
         save(model, state, args.output_dir, tokenizer=args.tokenizer, dtype=keep)

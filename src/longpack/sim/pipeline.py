@@ -48,10 +48,14 @@ class Item:
 
 @dataclass(frozen=True)
 class PipelineResult:
+    """``ops``: per stage, the schedule as run — (kind "F" / "R" / "B", item, start, end) in start order; a
+    runtime that executes each stage's list in order reproduces the schedule's dependencies."""
+
     makespan: float
     useful: float
     recompute: float
     pp: int
+    ops: tuple[tuple[tuple[str, int, float, float], ...], ...] = ()
 
     @property
     def bubble_ratio(self) -> float:
@@ -98,6 +102,7 @@ def one_f_one_b(fwd: list[float], pp: int, *, bwd_ratio: float = 2.0) -> Pipelin
     f_end = [[-1.0] * n for _ in range(pp)]
     b_end = [[-1.0] * n for _ in range(pp)]
     pos, free = [0] * pp, [0.0] * pp
+    ops: list[list[tuple[str, int, float, float]]] = [[] for _ in range(pp)]
     progressed = True
     while progressed:
         progressed = False
@@ -110,13 +115,16 @@ def one_f_one_b(fwd: list[float], pp: int, *, bwd_ratio: float = 2.0) -> Pipelin
                     dep = f_end[s][i] if s == pp - 1 else b_end[s + 1][i]
                 if dep < 0:
                     break
-                end = max(free[s], dep) + (fwd[i] if kind == "F" else bwd_ratio * fwd[i])
+                begin = max(free[s], dep)
+                end = begin + (fwd[i] if kind == "F" else bwd_ratio * fwd[i])
+                ops[s].append((kind, i, begin, end))
                 (f_end if kind == "F" else b_end)[s][i] = end
                 free[s] = end
                 pos[s] += 1
                 progressed = True
     makespan = max(max(row) for row in b_end)
-    return PipelineResult(makespan=makespan, useful=pp * (1 + bwd_ratio) * sum(fwd), recompute=0.0, pp=pp)
+    return PipelineResult(makespan=makespan, useful=pp * (1 + bwd_ratio) * sum(fwd), recompute=0.0, pp=pp,
+                          ops=tuple(tuple(o) for o in ops))
 
 
 def _state_aware(items: list[Item], pp: int, bwd_ratio: float, k: int, eager: bool) -> PipelineResult:
@@ -128,6 +136,7 @@ def _state_aware(items: list[Item], pp: int, bwd_ratio: float, k: int, eager: bo
     held = [0] * pp  # chunks whose activations a stage holds
     done_b = [0] * pp
     useful = recompute = 0.0
+    ops: list[list[tuple[str, int, float, float]]] = [[] for _ in range(pp)]
     while any(d < n for d in done_b):
         best = None  # (start, priority, stage, kind, item)
         for s in range(pp):
@@ -139,6 +148,7 @@ def _state_aware(items: list[Item], pp: int, bwd_ratio: float, k: int, eager: bo
         it = items[i]
         dur = {"F": it.fwd, "R": it.fwd, "B": bwd_ratio * it.fwd}[kind]
         ends[kind][s][i] = free[s] = start + dur
+        ops[s].append((kind, i, start, start + dur))
         if kind == "F":
             next_f[s] += 1
             useful += dur
@@ -151,7 +161,8 @@ def _state_aware(items: list[Item], pp: int, bwd_ratio: float, k: int, eager: bo
             held[s] -= 1
             done_b[s] += 1
     makespan = max(max(row) for row in ends["B"])
-    return PipelineResult(makespan=makespan, useful=useful, recompute=recompute, pp=pp)
+    return PipelineResult(makespan=makespan, useful=useful, recompute=recompute, pp=pp,
+                          ops=tuple(tuple(o) for o in ops))
 
 
 def _ready(items: list[Item], s: int, pp: int, ends: dict[str, list[list[float]]], nxt: list[int | None],

@@ -1,0 +1,365 @@
+"""Pipeline parallelism: the decoder split into P stages (processes), each step's micro-batches run in the order of
+ChunkFlow's state-aware 1F1B schedule (sim/pipeline.py), activations and their gradients sent point to point.
+
+Layout. World = pp · n with n = dp·cp the plan's ranks: global rank = stage · n + plan rank, so stage s of plan
+rank r talks to ranks r + (s ± 1)·n. Stage s keeps decoder layers [a_s, b_s) of a contiguous near-equal split;
+stage 0 also the embeddings, the last stage the final norm and LM head (:func:`split_model`). Every stage of a
+replica runs the same plan, so each rank knows every activation's shape (its rows of the micro-batch × hidden):
+no shapes travel, only tensors.
+
+Schedule. The replica's micro-batches become pipeline items (forward time from the cost model, chained where they
+hold chunks of one sample, ``recompute`` as planned); :func:`~longpack.sim.pipeline.schedule` gives each stage its
+op list (F forward, R recompute, B backward), which the stage executes in order: F receives its input from the
+previous stage (stage 0 embeds tokens), runs its layers and sends its output on (the last stage computes the
+loss); B receives the output's gradient from the next stage, backpropagates (injecting the dK/dV a chain's later
+chunks sent to its keys and values, exactly as runtime/chunked.py) and sends the input's gradient back; R re-runs
+a dropped chunk's forward from its kept input. Chains keep one K/V store per stage for its own layers; sharded
+chunks and CP pieces use the same attention callbacks as without PP, their collectives inside the stage's CP
+group. Sends are asynchronous (``isend``), receives blocking and tagged by item, so the per-stage orders of a
+valid schedule cannot deadlock.
+
+Why not ``torch.distributed.pipelining``: its schedules take equal-shape micro-batches split from one batch and a
+fixed op order per schedule class; a plan's micro-batches differ in length, carry chains whose backward must run
+descending with injected K/V gradients, and follow the state-aware order, so the stage loop is written here.
+
+Measured: each op's wall time; busy = their sum, idle = step time − busy, per stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..plan import MicroBatch, Plan
+from ..sim.pipeline import Item, schedule
+from .chunked import KVStore, _ChunkPass
+from .context_parallel import CPAttention, rank_pieces
+from .data import Packed, Source, collate
+from .engine import checkpointing, decoder_layers, num_layers
+from .loss import step_targets, token_weights, weighted_loss
+from .sharded_chain import ShardedChainPass, ShardedKVStore
+from .step import _chain_segment, _documents
+
+__all__ = ["stage_bounds", "split_model", "global_names", "gather_state", "Layout", "PipelineStage", "pipeline_items",
+           "forward_estimates"]
+
+
+def stage_bounds(layers: int, pp: int) -> list[tuple[int, int]]:
+    """Contiguous near-equal layer ranges of ``pp`` stages (the first stages take the remainder).
+
+    >>> stage_bounds(5, 2)
+    [(0, 3), (3, 5)]
+    """
+    if pp > layers:
+        raise ValueError(f"--pp {pp}: the model has {layers} decoder layers; give at most {layers} stages")
+    base, extra = divmod(layers, pp)
+    out, a = [], 0
+    for s in range(pp):
+        b = a + base + (1 if s < extra else 0)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def split_model(model: Any, stage: int, pp: int) -> Any:
+    """Keep stage ``stage``'s layers of a transformers CausalLM (in place): the embeddings only on stage 0, the final
+    norm and LM head only on the last stage (identity elsewhere). Layer indices stay global."""
+    a, b = stage_bounds(num_layers(model), pp)[stage]
+    inner = model.model
+    inner.layers = torch.nn.ModuleList(decoder_layers(model)[a:b])
+    if stage > 0:
+        inner.embed_tokens = None
+    if stage < pp - 1:
+        inner.norm = torch.nn.Identity()
+        model.lm_head = torch.nn.Identity()
+    return model
+
+
+def global_names(model: Any, stage: int, pp: int, keys: Any = None) -> dict[str, str]:
+    """A stage model's parameter names (or state-dict ``keys``) -> the whole model's (layer indices made global)."""
+    a = stage_bounds(model.config.num_hidden_layers, pp)[stage][0]
+    out = {}
+    for name in (keys if keys is not None else [n for n, _ in model.named_parameters()]):
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"]:
+            parts[2] = str(a + int(parts[2]))
+        out[name] = ".".join(parts)
+    return out
+
+
+def gather_state(model: Any, layout: Layout) -> dict[str, torch.Tensor] | None:
+    """The whole model's state dict on global rank 0 (None elsewhere): each stage's first plan rank sends its
+    stage's tensors under global names."""
+    state = model.state_dict()
+    names = global_names(model, layout.stage, layout.pp, list(state))
+    mine = {names[k]: v.detach().cpu() for k, v in state.items()} if layout.prank == 0 else {}
+    parts: list[Any] = [None] * (layout.pp * layout.n) if dist.get_rank() == 0 else []
+    dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def forward_estimates(mbs: tuple[MicroBatch, ...], cp: int, cost: Any) -> list[float]:
+    """Per micro-batch forward seconds of one stage by the cost model (a third of its forward and backward): what
+    the schedule is made with, the same on every rank."""
+    from ..sim.simulate import micro_batch_times
+
+    return [float(micro_batch_times(mb, cp, cost)[0].max()) / 3.0 if mb.pieces else 0.0 for mb in mbs]
+
+
+def pipeline_items(plan: Plan, mbs: tuple[MicroBatch, ...], fwd_s: list[float]) -> tuple[list[int], list[Item]]:
+    """(indices of the non-empty micro-batches, their pipeline items) in plan order."""
+    keep = [i for i, mb in enumerate(mbs) if mb.pieces]
+    items = []
+    for i in keep:
+        mb = mbs[i]
+        chain = next((p.sample for p in mb.pieces if plan.is_chunk(p)), None)
+        items.append(Item(fwd=fwd_s[i], chain=chain, recompute=mb.recompute))
+    return keep, items
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a rank sits in a dp·cp × pp world: its stage, its plan rank, the group of its stage's ranks (gradients
+    are summed there; None when a stage is one rank) and, for tied embeddings, the group of the first and last
+    stages' ranks of its plan rank (None otherwise)."""
+
+    pp: int
+    n: int
+    stage: int
+    prank: int
+    stage_group: Any = None
+    tied_group: Any = None
+
+    @property
+    def offset(self) -> int:
+        return self.stage * self.n
+
+    @classmethod
+    def build(cls, rank: int, world: int, pp: int, tied: bool) -> Layout:
+        """Every rank creates every group, in the same order (torch.distributed's rule)."""
+        if world % pp:
+            raise ValueError(f"--pp {pp} must divide the number of processes ({world})")
+        n = world // pp
+        stage, prank = divmod(rank, n)
+        stage_groups = [dist.new_group(list(range(s * n, (s + 1) * n))) if n > 1 else None for s in range(pp)]
+        tied_groups = [dist.new_group([r, (pp - 1) * n + r]) for r in range(n)] if tied and pp > 1 else [None] * n
+        return cls(pp, n, stage, prank, stage_groups[stage], tied_groups[prank] if stage in (0, pp - 1) else None)
+
+
+@dataclass
+class _Live:
+    """What a stage keeps of one item between its forward and backward."""
+
+    x: torch.Tensor | None  # the received input (None on stage 0)
+    out: torch.Tensor | None = None  # the stage output (the loss on the last stage); None after a dropped forward
+    attend: Any = None
+
+
+@dataclass
+class _StepRun:
+    """One step's state on one stage: its inputs, the chains' K/V stores, live items, pending sends, totals."""
+
+    plan: Plan
+    mbs: tuple[MicroBatch, ...]
+    corpus: Source
+    targets_of: dict[int, int]
+    total: int
+    mode: str
+    cp: int
+    cp_rank: int
+    group: Any
+    overlap: bool
+    chains: dict[int, tuple[int, int, int]]
+    stores: dict[int, Any] = field(default_factory=dict)
+    live: dict[int, _Live] = field(default_factory=dict)
+    sends: list[Any] = field(default_factory=list)
+    loss: float = 0.0
+    tokens: int = 0
+    targets: int = 0
+
+
+@dataclass
+class PipelineStage:
+    """One rank's stage of the pipeline (see the module docstring)."""
+
+    model: Any
+    layout: Layout
+    rank: int  # global rank
+    hidden: int
+    dtype: torch.dtype
+    cost: Any = None  # the planning cost model: forward estimates for the schedule when none are given
+    busy: float = 0.0
+    ops: list[tuple[str, int, float, float]] = field(default_factory=list)
+    simulated_bubble: float = 0.0
+
+    @property
+    def useful(self) -> float:
+        """Seconds of this step's forwards and backwards (recomputation excluded, as in the simulator)."""
+        return sum(end - start for kind, _, start, end in self.ops if kind != "R")
+
+    @property
+    def span(self) -> float:
+        """Seconds from the step's start to this stage's last op's end."""
+        return max((end for *_, end in self.ops), default=0.0)
+
+    @property
+    def stage(self) -> int:
+        return self.layout.stage
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def n(self) -> int:
+        return self.layout.n
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.pp - 1
+
+    @property
+    def tied_weight(self) -> torch.Tensor | None:
+        """The embedding matrix a tied LM head shares: on the first stage the embeddings', on the last the head's."""
+        if not getattr(self.model.config, "tie_word_embeddings", False) or self.pp == 1:
+            return None
+        if self.stage == 0:
+            return self.model.model.embed_tokens.weight
+        return self.model.lm_head.weight if self.last else None
+
+    def run_step(self, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: Source,
+                 fwd_s: list[float] | None, mode: str, cp: int, cp_rank: int, cp_group: Any,
+                 overlap: bool = True) -> tuple[float, int, int]:
+        """Execute this stage's ops of ``step``; returns (loss share, tokens, targets) — nonzero on the last stage
+        only. ``fwd_s``: per micro-batch forward seconds the schedule is made with (any positive estimate; None:
+        the cost model's, :func:`forward_estimates`)."""
+        keep, items = pipeline_items(plan, mbs, fwd_s if fwd_s is not None else forward_estimates(mbs, cp, self.cost))
+        chained = {it.chain for it in items if it.chain is not None}
+        k = max([sum(1 for it in items if it.chain == c and not it.recompute) for c in chained] or [1])
+        sched = schedule(items, self.pp, k=k)
+        self.simulated_bubble = sched.bubble_ratio
+        targets = step_targets(plan, plan.steps[step], corpus)
+        run = _StepRun(plan, mbs, corpus, targets, sum(targets.values()), mode, cp, cp_rank, cp_group, overlap,
+                       self._chains(plan, mbs, keep))
+        self.busy, self.ops, t0 = 0.0, [], time.perf_counter()
+        for kind, j, _, _ in sched.ops[self.stage]:
+            i = keep[j]
+            rows, sharded = rank_pieces(mbs[i], cp, cp_rank) if cp > 1 else ([], [])
+            if cp > 1 and not rows:
+                continue  # this CP rank holds nothing of the micro-batch (check_runnable: no sharded piece)
+            if kind == "B":
+                start = self._backward(run, i, j)
+            else:
+                x = None
+                if kind == "F" and self.stage > 0:
+                    n = sum(b - a for _, a, b in rows) if cp > 1 else sum(p.stop - p.start for p in mbs[i].pieces)
+                    x = self._recv((n, self.hidden), self.rank - self.n, 2 * j).requires_grad_()
+                start = time.perf_counter()
+                self._forward_op(run, kind, i, j, x, rows, sharded)
+            end = time.perf_counter()
+            self.busy += end - start
+            self.ops.append((kind, j, start - t0, end - t0))
+        for handle, _ in run.sends:
+            handle.wait()
+        return run.loss, run.tokens, run.targets
+
+    def _forward_op(self, run: _StepRun, kind: str, i: int, j: int, x: torch.Tensor | None, rows: list,
+                    sharded: list) -> None:
+        """F (first forward; ``x`` the received input) or R (recompute from the kept input) of micro-batch ``i``."""
+        mb = run.mbs[i]
+        if kind == "R":
+            kept = run.live[j].x
+            x = kept.detach().requires_grad_() if kept is not None else None
+        batch = collate(mb, run.corpus, run.plan.effective_length, pieces=rows if run.cp > 1 else None)
+        chain = run.chains.get(i)
+        attend = self._attend(mb, batch, chain, run.stores, run.cp, run.cp_rank, run.group, rows, sharded,
+                              run.overlap)
+        grad_on = kind == "R" or not mb.recompute
+        with torch.set_grad_enabled(grad_on):
+            out = self._forward(mb, batch, x, attend)
+            if self.last:
+                out = weighted_loss(out, batch, token_weights(batch, run.targets_of, run.mode, run.total))
+        if kind == "F":
+            if chain is not None:
+                for layer, (kk, vv) in sorted(attend.own.items()):
+                    run.stores[chain[0]].append(layer, kk, vv)
+            if self.last:
+                run.loss += float(out.detach())
+                run.tokens += batch.tokens
+                run.targets += batch.targets
+            else:
+                run.sends.append(self._send(out.detach(), self.rank + self.n, 2 * j))
+        run.live[j] = _Live(x, out if grad_on else None, attend if grad_on else None)
+
+    def _backward(self, run: _StepRun, i: int, j: int) -> float:
+        """B of micro-batch ``i``: the output's gradient received (ones on the last stage), backward with a chain's
+        injected dK/dV, the input's gradient sent back; returns the time compute started (after the receive)."""
+        entry = run.live.pop(j)
+        out = entry.out
+        assert out is not None, f"micro-batch {i}: backward before its forward or recompute"
+        grad = torch.ones_like(out) if self.last else self._recv(out.shape, self.rank + self.n, 2 * j + 1)
+        start = time.perf_counter()
+        tensors, grads = [out], [grad]
+        chain = run.chains.get(i)
+        if chain is not None and chain[1] < chain[2] - 1:  # later chunks' dK/dV to this chunk's K/V
+            for layer, (kk, vv) in sorted(entry.attend.own.items()):
+                dk, dv = run.stores[chain[0]].grads(layer, chain[1])
+                tensors += [kk, vv]
+                grads += [dk, dv]
+        torch.autograd.backward(tensors, grads)
+        if entry.x is not None and entry.x.grad is not None:
+            run.sends.append(self._send(entry.x.grad, self.rank - self.n, 2 * j + 1))
+        return start
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+    def _chains(self, plan: Plan, mbs: tuple[MicroBatch, ...], keep: list[int]) -> dict[int, tuple[int, int, int]]:
+        """Micro-batch index -> (sample, chunk index, chunks) for every micro-batch of a chain."""
+        out: dict[int, tuple[int, int, int]] = {}
+        i = 0
+        while i < len(mbs):
+            seg = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
+            if seg is None:
+                i += 1
+                continue
+            sample, last = seg
+            for c, m in enumerate(range(i, last + 1)):
+                out[m] = (sample, c, last + 1 - i)
+            i = last + 1
+        return out
+
+    def _attend(self, mb: MicroBatch, batch: Packed, chain: tuple[int, int, int] | None, stores: dict[int, Any],
+                cp: int, cp_rank: int, group: Any, rows: list, sharded: list, overlap: bool) -> Any:
+        if chain is None:
+            return CPAttention(mb, cp, cp_rank, group, rows, sharded, overlap) if cp > 1 else \
+                _documents(batch.cu_seqlens)
+        sample, index, _ = chain
+        layers = self.model.config.num_hidden_layers  # a store is indexed by global layer
+        if sample not in stores:
+            stores[sample] = ShardedKVStore(layers, group, cp, cp_rank) if cp > 1 else KVStore(layers)
+        if cp > 1:
+            return ShardedChainPass(mb, cp, cp_rank, group, rows, sharded, sample, index, stores[sample], overlap)
+        return _ChunkPass(batch, sample, index, stores[sample])
+
+    def _forward(self, mb: MicroBatch, batch: Packed, x: torch.Tensor | None, attend: Any) -> torch.Tensor:
+        kw: dict[str, Any] = {"position_ids": batch.position_ids[None], "use_cache": False, "longpack_attend": attend}
+        if x is None:
+            kw["input_ids"] = batch.input_ids[None]
+        else:
+            kw["inputs_embeds"] = x[None]
+        with checkpointing(self.model, mb.ckpt_layers):
+            return self.model(**kw).logits[0]
+
+    def _recv(self, shape: Any, src: int, tag: int) -> torch.Tensor:
+        buf = torch.empty(tuple(shape), dtype=self.dtype)
+        dist.recv(buf, src=src, tag=tag)
+        return buf
+
+    def _send(self, t: torch.Tensor, dst: int, tag: int) -> tuple[Any, torch.Tensor]:
+        t = t.contiguous()
+        return dist.isend(t, dst=dst, tag=tag), t
