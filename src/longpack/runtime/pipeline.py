@@ -39,13 +39,14 @@ from ..sim.pipeline import Item, schedule
 from .chunked import KVStore, _ChunkPass
 from .context_parallel import CPAttention, rank_pieces
 from .data import Packed, Source, collate
+from .dist import all_reduce_sum
 from .engine import checkpointing, decoder_layers, num_layers
 from .loss import step_targets, token_weights, weighted_loss
 from .sharded_chain import ShardedChainPass, ShardedKVStore
 from .step import _chain_segment, _documents
 
 __all__ = ["stage_bounds", "split_model", "global_names", "gather_state", "Layout", "PipelineStage", "pipeline_items",
-           "forward_estimates"]
+           "forward_estimates", "pipeline_phrase"]
 
 
 def stage_bounds(layers: int, pp: int) -> list[tuple[int, int]]:
@@ -197,6 +198,7 @@ class PipelineStage:
     busy: float = 0.0
     ops: list[tuple[str, int, float, float]] = field(default_factory=list)
     simulated_bubble: float = 0.0
+    simulated_busy: float = 0.0  # this stage's busy time in the schedule (the estimates' unit: seconds by default)
 
     @property
     def useful(self) -> float:
@@ -244,6 +246,7 @@ class PipelineStage:
         k = max([sum(1 for it in items if it.chain == c and not it.recompute) for c in chained] or [1])
         sched = schedule(items, self.pp, k=k)
         self.simulated_bubble = sched.bubble_ratio
+        self.simulated_busy = sum(end - start for *_, start, end in sched.ops[self.stage])
         targets = step_targets(plan, plan.steps[step], corpus)
         run = _StepRun(plan, mbs, corpus, targets, sum(targets.values()), mode, cp, cp_rank, cp_group, overlap,
                        self._chains(plan, mbs, keep))
@@ -317,6 +320,22 @@ class PipelineStage:
             run.sends.append(self._send(entry.x.grad, self.rank - self.n, 2 * j + 1))
         return start
 
+    def record(self, world: int, rank: int) -> dict[str, Any]:
+        """Per rank: stage, busy and idle seconds of the step (measured) and busy seconds in the simulated schedule
+        (cost model); per pipeline (plan rank): the measured bubble ratio, 1 − useful / (pp · makespan), beside the
+        simulator's for the same micro-batches."""
+        vals = torch.zeros((5, world), dtype=torch.float64)
+        vals[:, rank] = torch.tensor([self.busy, self.useful, self.span, self.simulated_bubble, self.simulated_busy])
+        all_reduce_sum([vals])
+        busy, useful, span, sim, sim_busy = vals.tolist()
+        n, pp = self.layout.n, self.layout.pp
+        makespan = [max(span[s * n + r] for s in range(pp)) for r in range(n)]
+        measured = [1.0 - sum(useful[s * n + r] for s in range(pp)) / (pp * makespan[r]) if makespan[r] > 0 else 0.0
+                    for r in range(n)]
+        return {"stage": [x // n for x in range(world)], "busy_seconds": busy,
+                "idle_seconds": [makespan[x % n] - busy[x] for x in range(world)],
+                "simulated_busy_seconds": sim_busy, "measured_bubble": measured, "simulated_bubble": sim[:n]}
+
     # --- helpers ------------------------------------------------------------------------------------------------
     def _chains(self, plan: Plan, mbs: tuple[MicroBatch, ...], keep: list[int]) -> dict[int, tuple[int, int, int]]:
         """Micro-batch index -> (sample, chunk index, chunks) for every micro-batch of a chain."""
@@ -363,3 +382,16 @@ class PipelineStage:
     def _send(self, t: torch.Tensor, dst: int, tag: int) -> tuple[Any, torch.Tensor]:
         t = t.contiguous()
         return dist.isend(t, dst=dst, tag=tag), t
+
+
+def pipeline_phrase(record: dict[str, Any]) -> str:
+    """The step line's pipeline part: busy seconds per stage and the bubble, measured against simulated."""
+    pipe = record.get("pipeline")
+    if not pipe:
+        return ""
+    per_stage: dict[int, float] = {}
+    for stage, busy in zip(pipe["stage"], pipe["busy_seconds"], strict=True):
+        per_stage[stage] = max(per_stage.get(stage, 0.0), busy)
+    busy = "/".join(f"{per_stage[s]:.2f}" for s in sorted(per_stage))
+    return (f"  pp busy {busy} s, bubble {max(pipe['measured_bubble']):.0%} measured / "
+            f"{max(pipe['simulated_bubble']):.0%} simulated")

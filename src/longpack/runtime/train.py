@@ -12,6 +12,11 @@ policy, with their tokens and targets), one line (or JSON object) per step — l
 measured and predicted memory per rank (runtime/memory.py) — and a summary. ``output_dir`` receives a
 consolidated Hugging Face checkpoint.
 
+With ``pp`` > 1 the world is pp stages of dp·cp plan ranks: each process keeps one stage's decoder layers and runs
+its plan rank's micro-batches in the state-aware 1F1B order (runtime/pipeline.py); gradients are summed within
+the stage (and a tied embedding between the first and last stage), and each step's log adds the stages' busy and
+idle seconds and the measured bubble beside the simulated one.
+
 Launch: ``torchrun --nproc-per-node N -m longpack.cli train ...`` (gloo on CPU, nccl on GPU), or
 ``longpack train --nproc N`` which spawns the N processes itself.
 """
@@ -38,6 +43,7 @@ from .data import PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
 from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
+from .pipeline import pipeline_phrase
 from .step import check_runnable, run_micro_batches
 
 __all__ = ["TrainArgs", "train", "build_plan", "launch", "run_step"]
@@ -185,21 +191,8 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
         print(f"step {record['step']:5d}  loss {record['loss']:.4f}  targets {record['targets']:6d}  tokens "
               f"{record['tokens']:6d}  {record['step_seconds']:.3f} s  {record['tokens'] / record['step_seconds']:.0f}"
               f" tokens/s  mem {max(mem['measured_bytes']) / 2**20:.1f} MiB measured / "
-              f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})" + _pipeline_phrase(record),
+              f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})" + pipeline_phrase(record),
               flush=True)
-
-
-def _pipeline_phrase(record: dict[str, Any]) -> str:
-    """The step line's pipeline part: busy seconds per stage and the bubble, measured against simulated."""
-    pipe = record.get("pipeline")
-    if not pipe:
-        return ""
-    per_stage: dict[int, float] = {}
-    for stage, busy in zip(pipe["stage"], pipe["busy_seconds"], strict=True):
-        per_stage[stage] = max(per_stage.get(stage, 0.0), busy)
-    busy = "/".join(f"{per_stage[s]:.2f}" for s in sorted(per_stage))
-    return (f"  pp busy {busy} s, bubble {max(pipe['measured_bubble']):.0%} measured / "
-            f"{max(pipe['simulated_bubble']):.0%} simulated")
 
 
 def _rank_prediction(plan: Plan, step: int, rank: int, cost: CostModel, activations_only: bool) -> float:
@@ -358,7 +351,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
                "step_seconds": time.perf_counter() - t0, "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
         if pipe is not None:
-            rec["pipeline"] = _pipeline_record(pipe, ctx)
+            rec["pipeline"] = pipe.record(ctx.world, ctx.rank)
         records.append(rec)
         _emit(ctx, args, rec)
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
@@ -386,22 +379,6 @@ def _pipeline(args: TrainArgs, spec: ModelSpec, ctx: DistContext, cost: CostMode
 
     layout = Layout.build(ctx.rank, ctx.world, args.pp, tied=spec.tied_embeddings)
     return PipelineStage(None, layout, ctx.rank, spec.hidden, DTYPES[args.dtype], cost)
-
-
-def _pipeline_record(pipe: Any, ctx: DistContext) -> dict[str, Any]:
-    """Per rank: stage, busy and idle seconds of the step (measured), and the simulator's bubble ratio of its
-    replica's schedule; per pipeline (plan rank): the measured bubble ratio, 1 − useful / (pp · makespan)."""
-    vals = torch.zeros((4, ctx.world), dtype=torch.float64)
-    vals[:, ctx.rank] = torch.tensor([pipe.busy, pipe.useful, pipe.span, pipe.simulated_bubble])
-    all_reduce_sum([vals])
-    busy, useful, span, sim = vals.tolist()
-    n, pp = pipe.layout.n, pipe.layout.pp
-    makespan = [max(span[s * n + r] for s in range(pp)) for r in range(n)]
-    measured = [1.0 - sum(useful[s * n + r] for s in range(pp)) / (pp * makespan[r]) if makespan[r] > 0 else 0.0
-                for r in range(n)]
-    return {"stage": [x // n for x in range(ctx.world)], "busy_seconds": busy,
-            "idle_seconds": [makespan[x % n] - busy[x] for x in range(ctx.world)],
-            "measured_bubble": measured, "simulated_bubble": sim[:n]}
 
 
 def _save_output(args: TrainArgs, model: Any, ctx: DistContext, pipe: Any = None) -> None:
