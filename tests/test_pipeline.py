@@ -53,31 +53,39 @@ def _train(*flags: str, expect: int = 0):
     return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')], proc.stderr
 
 
-def test_chunk_pipeline_parity_train_cli_pp2_same_loss_and_model_as_one_process(tmp_path):
-    """The issue's command: ChunkFlow chains through 2 pipeline stages train 3 steps with the losses of one process
-    running the same plan (float64, loss ≤ 1e-6 relative, weights ≤ 1e-8), log measured and simulated bubbles,
-    and write the same Hugging Face checkpoint."""
+def _same_model(a, b) -> None:
     from transformers import AutoModelForCausalLM
 
+    one = AutoModelForCausalLM.from_pretrained(a).state_dict()
+    two = AutoModelForCausalLM.from_pretrained(b).state_dict()
+    assert one.keys() == two.keys()
+    for name, w in one.items():
+        assert float((two[name] - w).abs().max()) <= 1e-8, name
+
+
+def test_chunk_pipeline_fsdp_parity_train_cli_pp2_same_loss_and_model_as_one_process(tmp_path):
+    """The issue's command: ChunkFlow chains through 2 pipeline stages train 3 steps with the losses of one process
+    running the same plan (float64, loss ≤ 1e-6 relative, weights ≤ 1e-8), log measured and simulated bubbles,
+    and write the same Hugging Face checkpoint; so does PP 2 x DP 2 on 4 processes with FSDP2 within each stage."""
     chunk = ["--planner", "chunkflow", "--opt", "chunk_size=256", "--opt", "k=1", "--steps", "3", "--dtype", "float64"]
-    piped, _ = _train(*chunk, "--pp", "2", "--nproc", "2", "--output-dir", str(tmp_path / "pp"))
     plain, _ = _train(*chunk, "--nproc", "1", "--output-dir", str(tmp_path / "one"))
+    piped, _ = _train(*chunk, "--pp", "2", "--nproc", "2", "--output-dir", str(tmp_path / "pp"))
     assert len(piped) == len(plain) == 3
     for a, b in zip(piped, plain, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["targets"] == b["targets"]
         pipe = a["pipeline"]
         assert pipe["stage"] == [0, 1] and all(x > 0 for x in pipe["busy_seconds"])
         assert 0 <= pipe["measured_bubble"][0] < 1 and 0 <= pipe["simulated_bubble"][0] < 1
-    one = AutoModelForCausalLM.from_pretrained(tmp_path / "one").state_dict()
-    two = AutoModelForCausalLM.from_pretrained(tmp_path / "pp").state_dict()
-    assert one.keys() == two.keys()
-    for name, w in one.items():
-        assert float((two[name] - w).abs().max()) <= 1e-8, name
+    _same_model(tmp_path / "one", tmp_path / "pp")
+    sharded, _ = _train(*chunk, "--pp", "2", "--nproc", "4", "--output-dir", str(tmp_path / "fsdp"))
+    assert [s["pipeline"]["stage"] for s in sharded] == [[0, 0, 1, 1]] * 3
+    for a, b in zip(sharded, plain, strict=True):  # another plan (DP 2), the same exact steps
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    _same_model(tmp_path / "one", tmp_path / "fsdp")
 
 
 @pytest.mark.parametrize(("flags", "says"), [
     (["--pp", "3", "--nproc", "4"], "--pp 3 must divide the number of processes (4)"),
-    (["--pp", "2", "--nproc", "4"], "FSDP2 within a pipeline stage is not built yet; add --no-fsdp"),
     (["--pp", "3", "--nproc", "3", "--no-fsdp"], "--pp 3: must divide the model's 4 layers"),
     (["--pp", "2", "--nproc", "2", "--checkpoint-dir", "ck"], "does not write --checkpoint-dir checkpoints"),
 ])

@@ -1,4 +1,5 @@
-"""Sharding from outside the model: FSDP2 (``torch.distributed.fsdp.fully_shard``) over every dp·cp rank.
+"""Sharding from outside the model: FSDP2 (``torch.distributed.fsdp.fully_shard``) over every dp·cp rank (over a
+pipeline stage's ranks under PP).
 
 * :func:`parallelize` — ``fully_shard`` on each decoder layer, then on the root (embeddings, final norm, LM head),
   over a 1-D mesh of all ranks: CP ranks hold different tokens of the same parameters, so their gradients are
@@ -29,9 +30,15 @@ from .engine import decoder_layers, forward_logits
 __all__ = ["parallelize", "StepSync", "fsdp_modules"]
 
 
-def parallelize(model: torch.nn.Module, world: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """Shard ``model`` (a transformers CausalLM, fp32 or fp64 parameters) with FSDP2 over ``world`` ranks."""
-    mesh = init_device_mesh(device.type, (world,))
+def parallelize(model: torch.nn.Module, world: int, device: torch.device, dtype: torch.dtype,
+                stages: int = 1) -> torch.nn.Module:
+    """Shard ``model`` (a transformers CausalLM, fp32 or fp64 parameters) with FSDP2 over ``world`` ranks; with
+    ``stages`` pipeline stages, over the world/stages ranks of this rank's stage (a stage model of
+    runtime/pipeline.py)."""
+    if stages > 1:
+        mesh = init_device_mesh(device.type, (stages, world // stages), mesh_dim_names=("pp", "shard"))["shard"]
+    else:
+        mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype == torch.bfloat16 else None
     kw: dict[str, Any] = {"mesh": mesh} | ({"mp_policy": mp} if mp is not None else {})
     for layer in decoder_layers(model):
@@ -67,5 +74,12 @@ class StepSync:
             m.set_requires_gradient_sync(True, recurse=False)
             m.set_reshard_after_backward(True, recurse=False)
         one = torch.zeros(1, dtype=torch.long, device=self.device)
-        logits = forward_logits(self.model, one, one, lambda _l, q, k, v: document_attention(q, k, v, [0, 1]))
-        (logits.sum() * 0.0).backward()
+        attend = lambda _l, q, k, v: document_attention(q, k, v, [0, 1])  # noqa: E731
+        inner = getattr(self.model, "model", None)
+        if inner is not None and getattr(inner, "embed_tokens", True) is None:  # a later pipeline stage
+            x = torch.zeros((1, 1, self.model.config.hidden_size), device=self.device,
+                            dtype=next(self.model.parameters()).dtype)
+            out = self.model(inputs_embeds=x, position_ids=one[None], use_cache=False, longpack_attend=attend).logits
+        else:
+            out = forward_logits(self.model, one, one, attend)
+        (out.sum() * 0.0).backward()

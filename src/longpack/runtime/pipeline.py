@@ -22,7 +22,9 @@ Why not ``torch.distributed.pipelining``: its schedules take equal-shape micro-b
 fixed op order per schedule class; a plan's micro-batches differ in length, carry chains whose backward must run
 descending with injected K/V gradients, and follow the state-aware order, so the stage loop is written here.
 
-Measured: each op's wall time; busy = their sum, idle = step time − busy, per stage.
+Gradients are summed within the stage's ranks (FSDP2 over the stage's mesh, runtime/parallelize.py, or one
+all-reduce), and a tied embedding's between the first and last stage. Measured: each op's wall time; busy =
+their sum, idle = the pipeline's makespan − busy, per stage.
 """
 
 from __future__ import annotations
@@ -94,8 +96,10 @@ def global_names(model: Any, stage: int, pp: int, keys: Any = None) -> dict[str,
 
 def gather_state(model: Any, layout: Layout) -> dict[str, torch.Tensor] | None:
     """The whole model's state dict on global rank 0 (None elsewhere): each stage's first plan rank sends its
-    stage's tensors under global names."""
-    state = model.state_dict()
+    stage's tensors under global names (FSDP2 shards gathered within the stage first)."""
+    from torch.distributed.tensor import DTensor
+
+    state = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
     names = global_names(model, layout.stage, layout.pp, list(state))
     mine = {names[k]: v.detach().cpu() for k, v in state.items()} if layout.prank == 0 else {}
     parts: list[Any] = [None] * (layout.pp * layout.n) if dist.get_rank() == 0 else []

@@ -125,9 +125,6 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     if world % args.pp:
         raise ValueError(f"--pp {args.pp} must divide the number of processes ({world})")
     world //= args.pp  # the plan's ranks: one pipeline's stages run each plan rank's micro-batches
-    if args.pp > 1 and args.fsdp and world > 1:
-        raise ValueError(f"--pp {args.pp} with {world} processes per stage: FSDP2 within a pipeline stage is not "
-                         "built yet; add --no-fsdp (gradients are then all-reduced within each stage)")
     if run.cp < 1 or world % run.cp:
         raise ValueError(f"--cp {run.cp} must divide the number of processes per pipeline stage ({world})")
     run = replace(run, dp=world // run.cp, pp=args.pp)
@@ -160,7 +157,7 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
     if _fsdp(args, ctx):
         from .parallelize import parallelize
 
-        parallelize(model, ctx.world, ctx.device, dtype)
+        parallelize(model, ctx.world, ctx.device, dtype, stages=args.pp)
     return model
 
 
@@ -273,6 +270,9 @@ def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: So
     if sync is not None:
         sync.end()
         all_reduce_sum([stats])
+        tied = pipe.tied_weight if pipe is not None else None
+        if tied is not None and layout.tied_group is not None:  # the same shard of the embedding on both stages
+            all_reduce_sum([tied.grad.to_local()], group=layout.tied_group)
         return stats, float(meter.peak)
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
