@@ -271,7 +271,7 @@ def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: So
         sync.end()
         all_reduce_sum([stats])
         tied = pipe.tied_weight if pipe is not None else None
-        if tied is not None and layout.tied_group is not None:  # the same shard of the embedding on both stages
+        if tied is not None and layout is not None and layout.tied_group is not None:  # the same shard, both ends
             all_reduce_sum([tied.grad.to_local()], group=layout.tied_group)
         return stats, float(meter.peak)
     params = [p for p in model.parameters() if p.requires_grad]
