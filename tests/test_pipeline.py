@@ -92,3 +92,22 @@ def test_chunk_pipeline_fsdp_parity_train_cli_pp2_same_loss_and_model_as_one_pro
 def test_pipeline_bad_layouts_refused_in_one_line(flags, says):
     _, err = _train("--steps", "1", *flags, expect=2)
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_pipeline_parity_tied_embeddings_pp2_cli(tmp_path):
+    """A checkpoint whose LM head is tied to its embeddings (Qwen2.5-0.5B, Llama 3.2 style): the first stage holds
+    the embeddings, the last the head, and their gradients are summed; 2 stages write the checkpoint one process
+    writes (float64, weights ≤ 1e-8)."""
+    from dataclasses import replace
+
+    from longpack.model import get_model
+    from longpack.runtime.hf_model import build, save
+
+    model = build(replace(get_model("tiny-llama"), tied_embeddings=True), 0, torch.float64)
+    assert model.config.tie_word_embeddings
+    save(model, model.state_dict(), tmp_path / "tied")
+    flags = ["--model-path", str(tmp_path / "tied"), "--steps", "2", "--dtype", "float64", "--planner", "chunkflow",
+             "--opt", "chunk_size=256", "--opt", "k=1"]
+    _train(*flags, "--nproc", "1", "--output-dir", str(tmp_path / "one"))
+    _train(*flags, "--nproc", "2", "--pp", "2", "--output-dir", str(tmp_path / "pp"))
+    _same_model(tmp_path / "one", tmp_path / "pp")
