@@ -8,7 +8,8 @@ leaves a half-written checkpoint under a real name; a checkpoint damaged later (
 fails its checksums on load, is named, and the previous one is used. Resuming rebuilds the plan
 deterministically, refuses a changed setting by name, checks that the new plan begins with the steps already
 trained (so a run can be extended with a larger ``--steps``) and continues at the exact next step: the remaining
-sample order and the final weights equal an uninterrupted run's. Checksums assume the folder is visible to rank 0
+sample order and the final weights equal an uninterrupted run's. Under pipeline parallelism each stage writes its
+layers under the whole model's indices (flat optimizer state, one key per tensor), so stages never collide. Checksums assume the folder is visible to rank 0
 (one machine, or a shared file system).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 __all__ = ["save", "load_latest", "damage", "plan_fingerprint", "steps_fingerprint", "META"]
 
@@ -46,6 +48,31 @@ def steps_fingerprint(plan_steps: list[Any]) -> str:
     return plan_fingerprint(json.dumps(plan_steps, sort_keys=True, separators=(",", ":")))
 
 
+_LAYER = re.compile(r"(^|\.)model\.layers\.(\d+)\.")
+
+
+def _renamed(state: dict[str, Any], shift: int) -> dict[str, Any]:
+    """``state`` with decoder layer indices moved by ``shift`` (a pipeline stage's local names <-> the whole
+    model's): the same tensors under other keys."""
+    if not shift:
+        return state
+    return {_LAYER.sub(lambda m: f"{m.group(1)}model.layers.{int(m.group(2)) + shift}.", k): v
+            for k, v in state.items()}
+
+
+def _options(first_layer: int | None) -> StateDictOptions | None:
+    return StateDictOptions(flatten_optimizer_state_dict=True) if first_layer is not None else None
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, first_layer: int | None) -> dict[str, Any]:
+    """Model and optimizer state. For a pipeline stage (``first_layer`` given): flat (one key per tensor, optimizer
+    keys named by parameter) under the whole model's layer indices, so stages write disjoint keys and data-parallel
+    replicas the same ones; otherwise torch's nested form."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(first_layer))
+    shift = first_layer or 0
+    return {"model": _renamed(model_sd, shift), "optim": _renamed(optim_sd, shift)}
+
+
 def _sha(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -55,14 +82,16 @@ def _sha(path: Path) -> str:
 
 
 def save(directory: str | Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         sampler: dict[str, int], fingerprint: str, rank: int, settings: dict[str, Any] | None = None) -> Path:
+         sampler: dict[str, int], fingerprint: str, rank: int, settings: dict[str, Any] | None = None,
+         first_layer: int | None = None) -> Path:
+    """Write step ``step``'s checkpoint (every rank calls it); ``first_layer``: under pipeline parallelism, the
+    global index of this rank's stage's first decoder layer."""
     final = Path(directory) / f"step_{step:08d}"
     tmp = final.with_name(final.name + ".tmp")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    dcp.save(_state(model, optimizer, first_layer), checkpoint_id=str(tmp))
     if rank == 0:
         rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
         files = {p.name: _sha(p) for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -94,9 +123,10 @@ def damage(folder: Path) -> str | None:
 
 
 def load_latest(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                warn: Any = None) -> dict[str, Any] | None:
+                warn: Any = None, first_layer: int | None = None) -> dict[str, Any] | None:
     """Load the newest intact checkpoint into ``model`` and ``optimizer``; its metadata, or None if none.
-    A damaged checkpoint is reported through ``warn(line)`` and the one before it tried."""
+    A damaged checkpoint is reported through ``warn(line)`` and the one before it tried. ``first_layer``: as in
+    :func:`save`."""
     done = sorted((p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")),
                   reverse=True)
     latest = None
@@ -110,10 +140,11 @@ def load_latest(directory: str | Path, *, model: torch.nn.Module, optimizer: tor
     if latest is None:
         return None
     meta = json.loads((latest / META).read_text())
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(latest))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    state = _state(model, optimizer, first_layer)
+    dcp.load(state, checkpoint_id=str(latest))  # into the state's own tensors
+    shift = -(first_layer or 0)
+    set_state_dict(model, optimizer, model_state_dict=_renamed(state["model"], shift),
+                   optim_state_dict=_renamed(state["optim"], shift), options=_options(first_layer))
     rng = np.frombuffer(base64.b64decode(meta["torch_rng"]), dtype=np.uint8).copy()
     torch.set_rng_state(torch.from_numpy(rng))
     meta["path"] = str(latest)

@@ -227,6 +227,11 @@ class PipelineStage:
         return self.layout.n
 
     @property
+    def first_layer(self) -> int:
+        """The global index of this stage's first decoder layer."""
+        return stage_bounds(self.model.config.num_hidden_layers, self.pp)[self.stage][0]
+
+    @property
     def last(self) -> bool:
         return self.stage == self.pp - 1
 

@@ -85,9 +85,6 @@ class TrainArgs:
             raise ValueError("--resume needs --checkpoint-dir DIR, the folder of the run to continue")
         if self.pp < 1:
             raise ValueError(f"--pp {self.pp}: must be >= 1")
-        if self.pp > 1 and self.checkpoint_dir:
-            raise ValueError(f"--pp {self.pp} does not write --checkpoint-dir checkpoints in this version; drop "
-                             "--checkpoint-dir (--output-dir still writes the trained model)")
         if not self.timeout > 0:
             raise ValueError(f"--timeout {self.timeout}: must be > 0 seconds")
 
@@ -233,11 +230,11 @@ def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan_ste
 
 
 def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: PlanSampler,
-            ctx: DistContext, plan_steps: list[Any]) -> None:
+            ctx: DistContext, plan_steps: list[Any], first_layer: int | None = None) -> None:
     if not (args.resume or args.resume_if_present) or not args.checkpoint_dir:
         return
     warn = (lambda line: print(f"longpack: warning: {line}", file=sys.stderr, flush=True)) if ctx.rank == 0 else None
-    meta = checkpoint.load_latest(args.checkpoint_dir, model=model, optimizer=opt, warn=warn)
+    meta = checkpoint.load_latest(args.checkpoint_dir, model=model, optimizer=opt, warn=warn, first_layer=first_layer)
     if meta is None:
         if args.resume_if_present:
             return
@@ -332,7 +329,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         from .parallelize import StepSync
 
         sync = StepSync(model, ctx.device)
-    _resume(args, model, opt, sampler, ctx, plan_steps)
+    first_layer = pipe.first_layer if pipe is not None else None
+    _resume(args, model, opt, sampler, ctx, plan_steps, first_layer)
     records: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for step, mbs in sampler:
@@ -357,7 +355,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt, sampler=sampler.state_dict(),
                             fingerprint=checkpoint.steps_fingerprint(plan_steps[:step + 1]), rank=ctx.rank,
-                            settings=settings(args, ctx.world))
+                            settings=settings(args, ctx.world), first_layer=first_layer)
     elapsed = time.perf_counter() - t_start
     total = sum(r["tokens"] for r in records)
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,
