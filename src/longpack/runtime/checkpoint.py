@@ -9,8 +9,8 @@ fails its checksums on load, is named, and the previous one is used. Resuming re
 deterministically, refuses a changed setting by name, checks that the new plan begins with the steps already
 trained (so a run can be extended with a larger ``--steps``) and continues at the exact next step: the remaining
 sample order and the final weights equal an uninterrupted run's. Under pipeline parallelism each stage writes its
-layers under the whole model's indices (flat optimizer state, one key per tensor), so stages never collide. Checksums assume the folder is visible to rank 0
-(one machine, or a shared file system).
+layers under the whole model's indices (flat optimizer state, one key per tensor), so stages never collide.
+Checksums assume the folder is visible to rank 0 (one machine, or a shared file system).
 """
 
 from __future__ import annotations

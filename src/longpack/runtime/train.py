@@ -176,7 +176,8 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
     elif "summary" in record:
         s = record["summary"]
-        print(f"done: {s['steps']} steps, {s['tokens_per_second']:.0f} tokens/s, final loss {s['final_loss']:.4f}"
+        print(f"done: {s['steps']} steps, {s['tokens_per_second']:.0f} tokens/s, final loss {s['final_loss']:.4f}, "
+              f"planned in {s['planning_seconds']:.2f} s before step 0"
               + (f", saved {s['output_dir']}" if s.get("output_dir") else ""), flush=True)
     elif "data" in record:
         print("data: " + record["data"]["line"], flush=True)
@@ -309,7 +310,9 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device)
     source = load_source(args, spec.vocab)
+    t_plan = time.perf_counter()
     plan, cost = build_plan(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
+    planning = time.perf_counter() - t_plan  # the whole run is planned before its first step trains
     # the memory prediction at the run's own activation width (the planning model assumes bf16)
     mem_cost = CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize))
     report = data_report(plan, source)
@@ -347,7 +350,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
-               "step_seconds": time.perf_counter() - t0, "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
+               "step_seconds": time.perf_counter() - t0, "planner_wait_seconds": 0.0 if records else planning,
+               "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
         if pipe is not None:
             rec["pipeline"] = pipe.record(ctx.world, ctx.rank)
         records.append(rec)
@@ -362,7 +366,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
                "final_loss": records[-1]["loss"] if records else float("nan"), "steps": len(records),
                "dropped_samples": report["dropped_samples"], "truncated_samples": report["truncated_samples"],
                "empty_rows_dropped": report["empty_rows_dropped"], "output_dir": args.output_dir,
-               "threads": torch.get_num_threads()}
+               "threads": torch.get_num_threads(), "planning_seconds": planning}
     if args.output_dir:
         _save_output(args, model, ctx, pipe)
     _emit(ctx, args, {"summary": summary})
