@@ -67,13 +67,13 @@ def main() -> None:
     trainer = longpack_trainer_class(trl.SFTTrainer)(
         model=model, args=sft, train_dataset=rows(args.rows), processing_class=tok,
         longpack=LongpackConfig(cp=args.cp, global_batch=32, token_cap=1024))
-    if trainer.args.process_index == 0:
+    trainer.train()
+    if trainer.args.process_index == 0:  # the plan's steps, planned while training ran
         plan = trainer.plan
         sharded = sum(1 for st in plan.steps for r, rep in enumerate(st.replicas) if st.replica_cp(r) > 1
                       for mb in rep.micro_batches for p in mb.pieces if p.cp_rank is None)
         print(f"plan: {len(plan.steps)} steps at CP degrees {[st.cp for st in plan.steps]}, {sharded} pieces "
               f"sharded over a CP group, {len(plan.lengths)} rows", flush=True)
-    trainer.train()
     if torch.distributed.is_initialized():
         leave()  # the process groups left together, no interpreter teardown (torch 2.13's gloo can hang there)
 

@@ -379,6 +379,8 @@ def train(planner: PlannerName = "unified",
           timeout: Annotated[float, typer.Option(help="Seconds a collective waits for the other ranks before the "
                                                  "run ends with one line naming the step.")] = 600.0,
           nproc: Annotated[int, typer.Option(min=1, help="Processes to spawn (ignored under torchrun).")] = 1,
+          plan_ahead: Annotated[int, typer.Option(min=0, help="Steps planned ahead on a background thread while "
+                                                  "earlier ones train (0: the whole run before step 0).")] = 4,
           data: Annotated[str | None, typer.Option(help="Tokenized SFT rows: JSONL, Parquet or a save_to_disk "
                                                    "folder with input_ids (+ labels or --mask-column), or "
                                                    "messages / text with --tokenizer.")] = None,
@@ -419,7 +421,7 @@ def train(planner: PlannerName = "unified",
                      checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
-                     fsdp=fsdp, pp=pp)
+                     fsdp=fsdp, pp=pp, plan_ahead=plan_ahead)
     if "WORLD_SIZE" in os.environ:
         run_train(args)
     else:

@@ -3,6 +3,7 @@
 * :func:`load_workload` - lengths from a built-in workload or a file, checked;
 * :func:`build_cost` - the cost model for a (model, hardware, layout), with the layout checked;
 * :func:`run_plan` - one planner over the run's global batches, timed, validated;
+* :func:`plan_stream` - the same, one step at a time (training plans ahead: runtime/ahead.py);
 * :func:`compare` - several planners on the same global batches, simulated, with metrics and speedups;
 * :func:`length_stats` - quantiles, shares below the papers' thresholds, and a log2 histogram;
 * :func:`bench_planning` - seconds and peak memory of planning a full epoch.
@@ -24,13 +25,14 @@ from .hardware import load_hardware
 from .model import ModelSpec, get_model
 from .plan import Plan
 from .planners import PlanContext, check_options, get_planner, global_batches
+from .planners.stream import PlanStream
 from .progress import meter
 from .sim import SimReport, plan_metrics, simulate
 from .sources import load_lengths
 from .workloads import generate, get_workload
 
-__all__ = ["RunSpec", "load_workload", "build_cost", "check_batch", "run_plan", "compare", "compare_plans",
-           "Comparison", "oom_note", "epoch_steps", "length_stats", "bench_planning"]
+__all__ = ["RunSpec", "load_workload", "build_cost", "check_batch", "run_plan", "plan_stream", "compare",
+           "compare_plans", "Comparison", "oom_note", "epoch_steps", "length_stats", "bench_planning"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,24 +121,38 @@ def check_batch(spec: RunSpec, samples: int, note: Callable[[str], None] | None 
     return replace(spec, global_batch=samples)
 
 
-def run_plan(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
-             default_max_len: int | None = None, *, check: bool = True,
-             note: Callable[[str], None] | None = say) -> tuple[Plan, float]:
-    """(validated plan, planning seconds) of ``planner`` over the run's global batches; ``check``: refuse an
-    ``--opt`` key the planner does not read (compare checks against all its planners instead); ``note``: where a
-    note for the user goes (None: nowhere)."""
+def _request(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel, default_max_len: int | None,
+             check: bool, note: Callable[[str], None] | None) -> tuple[Any, list[np.ndarray], PlanContext, Any]:
+    """(planner, global batches, context, max_len) of a run, its options checked."""
     p = get_planner(planner)
     spec = check_batch(spec, len(lengths), note)
     if check:
         check_options([planner], spec.options)
     batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed, steps=spec.steps)
     ctx = PlanContext(cost=cost, seed=spec.seed, options=dict(spec.options))
-    max_len = spec.max_len if spec.max_len is not None else default_max_len
+    return p, batches, ctx, spec.max_len if spec.max_len is not None else default_max_len
+
+
+def run_plan(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
+             default_max_len: int | None = None, *, check: bool = True,
+             note: Callable[[str], None] | None = say) -> tuple[Plan, float]:
+    """(validated plan, planning seconds) of ``planner`` over the run's global batches; ``check``: refuse an
+    ``--opt`` key the planner does not read (compare checks against all its planners instead); ``note``: where a
+    note for the user goes (None: nowhere)."""
+    p, batches, ctx, max_len = _request(planner, lengths, spec, cost, default_max_len, check, note)
     t0 = time.perf_counter()
     plan = p.plan(lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
     seconds = time.perf_counter() - t0
     plan.validate()
     return plan, seconds
+
+
+def plan_stream(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
+                default_max_len: int | None = None, *, note: Callable[[str], None] | None = say) -> PlanStream:
+    """The run's plan as a :class:`~longpack.planners.stream.PlanStream`: its header now, each step validated as
+    it is planned."""
+    p, batches, ctx, max_len = _request(planner, lengths, spec, cost, default_max_len, True, note)
+    return PlanStream(p, lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
 
 
 def summarize(plan: Plan, cost: CostModel, report: SimReport | None = None) -> dict[str, Any]:

@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["Piece", "make_pieces", "MicroBatch", "Replica", "Step", "Plan", "PlanError", "FORMAT"]
+__all__ = ["Piece", "make_pieces", "MicroBatch", "Replica", "Step", "Plan", "PlanError", "FORMAT", "step_dict"]
 
 FORMAT = "longpack.plan/1"
 _Span = tuple[int, int, int, int, int, "int | None"]  # start, stop, step, replica, micro-batch, cp_rank
@@ -147,7 +147,7 @@ class Plan:
     planner: str
     world: int
     lengths: Mapping[int, int]
-    steps: tuple[Step, ...]
+    steps: Sequence[Step]  # a tuple; a list that grows while a run is planned ahead (planners/stream.py)
     truncated: Mapping[int, int] = field(default_factory=dict)
     dropped: Mapping[int, str] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)
@@ -179,8 +179,14 @@ class Plan:
     def validate(self) -> None:
         """Raise :class:`PlanError` naming the first broken invariant and where; return None when all hold."""
         self._check_header()
+        self.validate_steps(range(len(self.steps)), self.lengths)
+
+    def validate_steps(self, indices: Iterable[int], samples: Iterable[int]) -> None:
+        """Invariants 1-4 for the steps ``indices`` alone, ``samples`` being every sample they must cover (a step
+        checked as it is planned: planners/stream.py). Cost O(their pieces)."""
         covered: dict[int, list[_Span]] = {}
-        for s, step in enumerate(self.steps):
+        for s in indices:
+            step = self.steps[s]
             self._check_step_shape(s, step)
             for r, rep in enumerate(step.replicas):
                 for m, mb in enumerate(rep.micro_batches):
@@ -188,7 +194,7 @@ class Plan:
                     self._check_micro_batch(where, step, step.replica_cp(r), mb)
                     for p in mb.pieces:
                         covered.setdefault(p.sample, []).append((p.start, p.stop, s, r, m, p.cp_rank))
-        self._check_coverage_and_order(covered)
+        self._check_coverage_and_order(covered, samples)
 
     def _check_header(self) -> None:
         if self.world < 1:
@@ -248,8 +254,8 @@ class Plan:
             if tokens > step.token_cap:
                 raise PlanError(f"{where}: CP rank {rank} holds {tokens} tokens > token cap {step.token_cap}")
 
-    def _check_coverage_and_order(self, covered: dict[int, list[_Span]]) -> None:
-        for sample in self.lengths:
+    def _check_coverage_and_order(self, covered: dict[int, list[_Span]], samples: Iterable[int]) -> None:
+        for sample in samples:
             need = self.effective_length(sample)
             spans = covered.get(sample, [])
             if need == 0:
@@ -282,14 +288,7 @@ class Plan:
 
     # --- JSON ---------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        steps = []
-        for step in self.steps:
-            reps = [[{"ckpt": mb.ckpt_layers, "recompute": mb.recompute, "pad_to": mb.pad_to,
-                      "pieces": [list(p) for p in mb.pieces]} for mb in rep.micro_batches] for rep in step.replicas]
-            entry = {"cp": step.cp, "token_cap": step.token_cap, "group": step.group, "replicas": reps}
-            if step.degrees:
-                entry["degrees"] = list(step.degrees)
-            steps.append(entry)
+        steps = [step_dict(step) for step in self.steps]
         return {"format": FORMAT, "planner": self.planner, "world": self.world, "meta": dict(self.meta),
                 "lengths": sorted([k, v] for k, v in self.lengths.items()),
                 "truncated": sorted([k, v] for k, v in self.truncated.items()),
@@ -324,3 +323,14 @@ class Plan:
             return cls.from_dict(data)
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise PlanError(f"not a longpack plan: {exc}") from None
+
+
+def step_dict(step: Step) -> dict[str, Any]:
+    """One step as the JSON format writes it."""
+    reps = [[{"ckpt": mb.ckpt_layers, "recompute": mb.recompute, "pad_to": mb.pad_to,
+              "pieces": [list(p) for p in mb.pieces]} for mb in rep.micro_batches] for rep in step.replicas]
+    entry: dict[str, Any] = {"cp": step.cp, "token_cap": step.token_cap, "group": step.group, "replicas": reps}
+    if step.degrees:
+        entry["degrees"] = list(step.degrees)
+    return entry
+

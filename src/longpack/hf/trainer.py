@@ -7,7 +7,9 @@ What it does, through the Trainer's public extension points:
   else TRL's ``completion_mask`` when ``completion_only_loss`` is on (TRL's default for prompt-completion data) or
   ``assistant_masks`` when ``assistant_only_loss`` is; else every next token. Empty rows are left out and reported
   as dropped; rows longer than ``max_len`` (or than ``token_cap`` × ``cp``) follow ``overlong``. Every process plans
-  the same rows identically over dp·cp ranks (dp = processes / cp), cost model from the model's own config.
+  the same rows identically over dp·cp ranks (dp = processes / cp), cost model from the model's own config:
+  the over-long policy over every row at once, then each step on a background thread, ``plan_ahead`` steps ahead
+  of training (runtime/ahead.py); a step that cannot run is refused, naming it, when training reaches it.
 * **Step.** ``gradient_accumulation_steps`` is 1 and each dataloader item is one plan step; ``training_step`` runs
   this rank's micro-batches of it through the same function as ``longpack train``
   (:func:`longpack.runtime.train.run_step`): the model's attention is switched to the longpack implementation for
@@ -19,7 +21,9 @@ What it does, through the Trainer's public extension points:
   update is plain unpacked training's, at any CP degree.
 * **Nothing silent.** ``trainer.longpack_report`` holds the data report (rows read, empty rows dropped, samples
   dropped / truncated / split, their tokens and targets); the first log line carries its counts, and rank 0 says
-  the report's line once at start. Planning errors name ``LongpackConfig`` fields, not CLI flags.
+  the report's line once at start. Planning errors name ``LongpackConfig`` fields, not CLI flags. Each training
+  log has ``longpack/planner_wait_seconds`` (what its steps waited on the planner) and ``trainer.longpack_steps``
+  each step's loss, tokens, targets and wait.
 * **Resume.** Batches are plan steps in order, so the Trainer's own resume (it skips the batches already
   trained) continues at the exact next step.
 
@@ -32,7 +36,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,17 +44,17 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 
 from .. import jobs
-from ..plan import Plan
 from ..planners.base import OVERLONG_POLICIES
 from ..rows import TokenRows, rows_from_records
 from ..runtime.accounting import data_report
+from ..runtime.ahead import PlanAhead
 from ..runtime.context_parallel import CPGroups
 from ..runtime.data import PlanSampler
 from ..runtime.dist import DistContext
 from ..runtime.engine import engine_attention
 from ..runtime.hf_model import check_supported, spec_of
 from ..runtime.loss import MODES
-from ..runtime.step import check_runnable
+from ..runtime.step import check_step
 from ..runtime.train import run_step
 from ..sim import plan_metrics
 
@@ -61,7 +65,8 @@ __all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "longpack_train
 class LongpackConfig:
     """What the plan is made of: planner, sequences per optimizer step (``global_batch``), token cap per rank and
     micro-batch, hardware for the cost model, context-parallel degree, the over-long policy and its limit, loss
-    normalisation (``token_mean`` or ``sequence_mean``, exact over each step) and planner options."""
+    normalisation (``token_mean`` or ``sequence_mean``, exact over each step), planner options, and how many steps
+    are planned ahead on a background thread while earlier ones train (``plan_ahead``; 0: the whole run first)."""
 
     planner: str = "unified"
     global_batch: int = 32
@@ -74,6 +79,7 @@ class LongpackConfig:
     loss: str = "token_mean"
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    plan_ahead: int = 4
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "token_cap", "cp"):
@@ -88,6 +94,9 @@ class LongpackConfig:
             raise ValueError(f"LongpackConfig(loss={self.loss!r}): choose one of {', '.join(MODES)}")
         if self.ckpt_layers < 0:
             raise ValueError(f"LongpackConfig(ckpt_layers={self.ckpt_layers}): must be >= 0")
+        if not isinstance(self.plan_ahead, int) or self.plan_ahead < 0:
+            raise ValueError(f"LongpackConfig(plan_ahead={self.plan_ahead!r}): must be an integer >= 0 (0: plan "
+                             "the whole run before the first step)")
 
 
 _FIELDS = {"--overlong": "LongpackConfig.overlong", "--max-len": "LongpackConfig.max_len",
@@ -191,29 +200,30 @@ class LongpackMixin:
             raise ValueError(f"train_dataset: token id {top} is outside the model's vocabulary of {vocab}")
         say = (lambda line: print(f"longpack: note: {config_message(line)}", file=sys.stderr, flush=True)) \
             if rank == 0 else None
-        self.plan = self._lp_plan(net, world, say)
+        self._lp_ahead = self._lp_plan(net, world, say)
+        self.plan = self._lp_ahead.plan  # its steps grow as they are planned
         check_supported(net, max((self.plan.effective_length(s) for s in self.plan.lengths), default=1))
         self.longpack_report = data_report(self.plan, self._lp_rows)
         if rank == 0:
             print(f"longpack: data: {self.longpack_report['line']}", file=sys.stderr, flush=True)
         self._lp_ctx = DistContext(rank=rank, world=world, device=self.args.device)
-        wide = world > 1 and max(s.cp for s in self.plan.steps) > 1
-        self._lp_groups = CPGroups.for_plan(self.plan, world) if wide else None
-        self._lp_sampler = PlanSampler(self.plan, rank)
+        self._lp_groups = CPGroups.build(set(), world) if world > 1 else None
+        self._lp_sampler = PlanSampler(self.plan, rank, steps=len(self._lp_ahead), ready=self._lp_ahead.wait)
         self._lp_sync: Any = None
         self._lp_sync_checked = False
-        m = plan_metrics(self.plan)
-        r = self.longpack_report
-        self.longpack_metrics = {"longpack/packing_efficiency": 1.0 - m.pr, "longpack/dbr": m.dbr,
-                                 "longpack/abr": m.abr, "longpack/rows": r["rows"]["rows"],
-                                 "longpack/empty_rows_dropped": r["empty_rows_dropped"],
-                                 "longpack/dropped_samples": r["dropped_samples"],
-                                 "longpack/truncated_samples": r["truncated_samples"],
-                                 "longpack/split_samples": r["split_samples"]}
         self.longpack_steps: list[dict[str, Any]] = []
-        self._logged = False
+        self._logged, self._lp_waited = False, 0.0
 
-    def _lp_plan(self, net: Any, world: int, say: Any) -> Plan:
+    def _lp_metrics(self) -> dict[str, float]:
+        """The data report's counts and the packing metrics of the steps planned so far (said on the first log)."""
+        m = plan_metrics(replace(self.plan, steps=tuple(self.plan.steps)))
+        r = self.longpack_report
+        return {"longpack/packing_efficiency": 1.0 - m.pr, "longpack/dbr": m.dbr, "longpack/abr": m.abr,
+                "longpack/rows": r["rows"]["rows"], "longpack/empty_rows_dropped": r["empty_rows_dropped"],
+                "longpack/dropped_samples": r["dropped_samples"], "longpack/truncated_samples": r["truncated_samples"],
+                "longpack/split_samples": r["split_samples"]}
+
+    def _lp_plan(self, net: Any, world: int, say: Any) -> PlanAhead:
         cfg = self.lp
         options = dict(cfg.options)
         run = jobs.RunSpec(model=getattr(net.config, "name_or_path", "") or "model", hardware=cfg.hardware,
@@ -222,15 +232,14 @@ class LongpackMixin:
                            options=options)
         try:
             cost = jobs.build_cost(run, spec_of(net.config))
-            plan, _ = jobs.run_plan(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
-            check_runnable(plan)
+            stream = jobs.plan_stream(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
         except ValueError as exc:
             raise ValueError(config_message(str(exc))) from None
-        return plan
+        return PlanAhead(stream, cfg.plan_ahead, check=check_step)
 
     def get_train_dataloader(self) -> DataLoader:
         # batches of one step (not batch_size=None): the Trainer's resume skips batches through a batch sampler
-        return DataLoader(_Steps(len(self.plan.steps)), batch_size=1, shuffle=False, collate_fn=_one)
+        return DataLoader(_Steps(len(self._lp_ahead)), batch_size=1, shuffle=False, collate_fn=_one)
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
                       ) -> torch.Tensor:
@@ -244,16 +253,27 @@ class LongpackMixin:
                 warnings.warn("LongpackTrainer: fsdp was asked for but Accelerate did not shard the model (it "
                               "enables FSDP on GPU process groups only, not on CPU): every process holds the whole "
                               "model and gradients are summed with one all-reduce per step", stacklevel=2)
+        try:
+            waited = self._lp_ahead.wait(step)
+        except ValueError as exc:
+            raise ValueError(config_message(str(exc))) from None
+        self._lp_waited += waited
+        if self._lp_groups is not None:
+            self._lp_groups.add(self.plan.steps[step], self._lp_ctx.world)
         with engine_attention(net):
             stats, _ = run_step(net, self.plan, step, self._lp_sampler.micro_batches(step), self._lp_rows,
                                 self._lp_ctx, self._lp_groups, self.lp.loss, self._lp_sync)
         loss, tokens, targets = (float(x) for x in stats)
-        self.longpack_steps.append({"step": step, "loss": loss, "tokens": int(tokens), "targets": int(targets)})
+        self.longpack_steps.append({"step": step, "loss": loss, "tokens": int(tokens), "targets": int(targets),
+                                    "planner_wait_seconds": waited})
         return torch.tensor(loss, device=self.args.device)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs:  # a training log: the seconds its steps waited on the planner
+            logs = {**logs, "longpack/planner_wait_seconds": self._lp_waited}
+            self._lp_waited = 0.0
         if not self._logged:
-            logs = {**logs, **self.longpack_metrics}
+            logs = {**logs, **self._lp_metrics()}
             self._logged = True
         super().log(logs, *args, **kwargs)  # type: ignore[misc]
 

@@ -27,7 +27,6 @@ import numpy as np
 from ..cost import CostModel
 from ..model import UnknownNameError
 from ..plan import MicroBatch, Piece, Plan, Replica, Step
-from ..progress import tick
 
 __all__ = ["PlanContext", "Batch", "Planner", "register", "get_planner", "check_options", "PLANNERS", "make_plan",
            "global_batches", "apply_overlong", "assemble_step", "OverlongError", "chain_pieces", "place_chains"]
@@ -213,33 +212,8 @@ def assemble_step(replicas: Sequence[Sequence[MicroBatch]], *, cp: int, token_ca
 
 def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
               max_len: int | None = None, overlong: str = "split") -> Plan:
-    """Run ``planner`` over ``batches`` of sample ids with the shared over-long policy; see the module docstring."""
-    cap = ctx.token_cap
-    if cap < 1:
-        c = ctx.cost
-        raise ValueError(f"model {c.model.name} on {c.hw.name}: memory {c.hw.memory_gib:g} GiB leaves no room for "
-                         f"activations after {c.static_bytes / 2**30:.1f} GiB of weights/optimizer state; raise "
-                         "--dp/--cp/--tp (ZeRO sharding) or use larger hardware")
-    piece_len = cap * ctx.cp
-    limit = piece_len if max_len is None else min(max_len, piece_len)
-    scope = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
-    eff, truncated, dropped, n_split = apply_overlong(lengths, scope, limit, overlong)
-    if max_len is not None and overlong == "split":
-        piece_len = min(piece_len, max_len)
-    steps = []
-    for i, ids in enumerate(batches):
-        keep = ids[eff[ids] > 0]
-        tick("planned")
-        if keep.size == 0:
-            continue
-        split_len = max_len if max_len is not None and overlong == "split" else None
-        steps.append(planner.plan_batch(Batch(i, keep, eff[keep], piece_len, split_len), ctx))
-    meta = {"seed": ctx.seed, "dp": ctx.dp, "cp": ctx.cp, "tp": ctx.cost.cfg.tp, "pp": ctx.cost.cfg.pp,
-            "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": cap,
-            "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options),
-            "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
-                         "split_len": max_len if max_len is not None and overlong == "split" else None,
-                         "dropped": len(dropped)}}
-    return Plan(planner=planner.name, world=ctx.world, lengths=dict(zip(scope.tolist(), lengths[scope].tolist(),
-                                                                         strict=True)),
-                steps=tuple(steps), truncated=truncated, dropped=dropped, meta=meta)
+    """Run ``planner`` over ``batches`` of sample ids with the shared over-long policy; see the module docstring
+    (the driver is :class:`~longpack.planners.stream.PlanStream`, run to its end)."""
+    from .stream import make_plan as run
+
+    return run(planner, lengths, batches, ctx, max_len=max_len, overlong=overlong)

@@ -2,8 +2,10 @@
 
 :func:`data_report` reads the plan (samples the over-long policy dropped or cut) and the source (rows the reader
 kept out of the plan because they were empty; targets per sample) and returns counts of samples, tokens and
-targets, and of samples the plan runs as chunk chains (the over-long policy's splits and the planner's own), plus
-one line for a person. Nothing the plan leaves out goes unreported.
+targets, and of samples the over-long policy splits into chunk chains, plus one line for a person. It needs only
+the plan's header, so it is said before the first step is planned. :func:`chained_samples` counts, per step, the
+samples it runs as chains (the policy's splits and the planner's own, such as ChunkFlow's chunks). Nothing the
+plan leaves out goes unreported.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 from ..plan import Plan
 from .data import Source
 
-__all__ = ["data_report"]
+__all__ = ["data_report", "chained_samples"]
 
 
 def data_report(plan: Plan, source: Source) -> dict[str, Any]:
@@ -31,16 +33,24 @@ def data_report(plan: Plan, source: Source) -> dict[str, Any]:
            "dropped_targets": sum(full_targets[s] for s in dropped),
            "truncated_samples": len(cut), "truncated_tokens": sum(plan.lengths[s] - k for s, k in cut.items()),
            "truncated_targets": sum(full_targets[s] - source.target_count(s, k) for s, k in cut.items()),
-           "split_samples": len({p.sample for *_, p in plan.iter_pieces() if plan.is_chunk(p)}),
+           "split_samples": int(plan.meta.get("overlong", {}).get("split", 0)),
            "empty_rows_dropped": int(rows.get("empty_dropped", 0)), "rows": rows}
     reasons = sorted({plan.dropped[s] for s in dropped})
     line = (f"{out['samples']} samples, {out['trained_tokens']:,} of {out['tokens']:,} tokens and "
             f"{out['trained_targets']:,} of {out['targets']:,} targets trained; {out['dropped_samples']} dropped "
             f"({out['dropped_tokens']:,} tokens), {out['truncated_samples']} truncated ({out['truncated_tokens']:,} "
-            f"tokens cut), {out['split_samples']} split into chunks")
+            f"tokens cut), {out['split_samples']} longer than {plan.meta.get('overlong', {}).get('limit', 0):,} tokens "
+            "split into chunks")
     if out["empty_rows_dropped"]:
         line += f"; {out['empty_rows_dropped']} empty rows left out of the plan (rows {rows['empty_rows']})"
     if reasons:
         line += f"; why dropped: {'; '.join(reasons[:3])}"
     out["line"] = line
     return out
+
+
+def chained_samples(plan: Plan, step: int) -> set[int]:
+    """Samples that ``step`` of ``plan`` runs as chunk chains."""
+    return {p.sample for rep in plan.steps[step].replicas for mb in rep.micro_batches for p in mb.pieces
+            if plan.is_chunk(p)}
+

@@ -65,39 +65,49 @@ def rank_pieces(mb: MicroBatch, cp: int, rank: int) -> tuple[list[tuple[int, int
 
 @dataclass(frozen=True)
 class CPGroups:
-    """Process groups of every CP degree a plan uses, built once (every rank creates every group, same order).
+    """Process groups of the CP degrees a plan's steps use, each made once, when a step first needs it (every rank
+    makes every group, in the same order).
     Replica i of a step with CP degree c is ranks [i·c, (i+1)·c); in a step on groups of several sizes the groups
     follow one another (:meth:`Step.spans`), and each (first rank, size) gets its own group."""
 
     groups: dict[int, list[dist.ProcessGroup | None]]
     spans: dict[tuple[int, int], dist.ProcessGroup | None] = field(default_factory=dict)
+    wait: timedelta | None = None  # how long a collective of these groups waits for its peers
 
     @classmethod
     def build(cls, degrees: set[int], world: int, spans: set[tuple[int, int]] | None = None,
               timeout: float | None = None) -> CPGroups:
         """``timeout``: seconds a collective of these groups waits for its peers (torch's default otherwise)."""
-        wait = timedelta(seconds=timeout) if timeout else None
-        out: dict[int, list[dist.ProcessGroup | None]] = {}
-        for c in sorted(degrees):
+        out = cls({}, {}, timedelta(seconds=timeout) if timeout else None)
+        out._make(degrees, world, spans or set())
+        return out
+
+    def _make(self, degrees: set[int], world: int, spans: set[tuple[int, int]]) -> None:
+        """Create the groups not made yet (every rank calls this with the same arguments, in the same order)."""
+        for c in sorted(degrees - set(self.groups)):
             if world % c:
                 raise ValueError(f"CP degree {c} does not divide the world of {world} processes")
-            out[c] = [dist.new_group(list(range(i * c, (i + 1) * c)), timeout=wait) if c > 1 else None
-                      for i in range(world // c)]
-        extra: dict[tuple[int, int], dist.ProcessGroup | None] = {}
-        for first, c in sorted(spans or ()):
+            self.groups[c] = [dist.new_group(list(range(i * c, (i + 1) * c)), timeout=self.wait) if c > 1 else None
+                              for i in range(world // c)]
+        for first, c in sorted(spans - set(self.spans)):
             if c > 1 and first % c:  # an aligned span already has its group above
-                extra[(first, c)] = dist.new_group(list(range(first, first + c)), timeout=wait)
-        return cls(out, extra)
+                self.spans[(first, c)] = dist.new_group(list(range(first, first + c)), timeout=self.wait)
 
     @classmethod
     def for_plan(cls, plan: Plan, world: int, timeout: float | None = None, stages: int = 1) -> CPGroups:
-        """The groups of every step of ``plan``: each degree's aligned groups, and the unaligned spans of steps on
-        groups of several sizes; with ``stages`` pipeline stages of world/stages ranks each, every stage's."""
+        """The groups of every step of ``plan`` (:meth:`add` for each)."""
+        out = cls.build(set(), world, timeout=timeout)
+        for st in plan.steps:
+            out.add(st, world, stages)
+        return out
+
+    def add(self, step: Step, world: int, stages: int = 1) -> None:
+        """Make the groups ``step`` needs that do not exist yet: its degree's aligned groups, or the unaligned
+        spans of a step on groups of several sizes; with ``stages`` pipeline stages of world/stages ranks each,
+        every stage's. Every rank adds every step, in order (a step planned ahead adds its groups when it runs)."""
         n = world // stages
-        spans = {(first + s * n, c) for st in plan.steps if st.degrees for first, c in st.spans()
-                 for s in range(stages)}
-        degrees = {s.cp for s in plan.steps if not s.degrees} | {c for _, c in spans}
-        return cls.build(degrees, world, spans, timeout)
+        spans = {(first + s * n, c) for first, c in step.spans() for s in range(stages)} if step.degrees else set()
+        self._make({c for _, c in spans} if step.degrees else {step.cp}, world, spans)
 
     def group(self, cp: int, rank: int) -> dist.ProcessGroup | None:
         return self.groups[cp][rank // cp]

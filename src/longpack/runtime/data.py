@@ -121,12 +121,17 @@ def collate(mb: MicroBatch, corpus: Source, effective_length: Callable[[int], in
 class PlanSampler:
     """Iterates one rank's micro-batches of a Plan. Rank r of a step with CP degree c is replica r // c, CP rank
     r % c (the world is fixed; HBP steps change c); in a step on groups of several sizes, the groups follow one
-    another in replica order (:meth:`Step.position`)."""
+    another in replica order (:meth:`Step.position`). A plan still being made (runtime/ahead.py) gives ``steps``,
+    the run's step count, and ``ready(step)``, which blocks until that step is planned; ``waited`` is the seconds
+    the last step waited for it."""
 
-    def __init__(self, plan: Plan, rank: int) -> None:
+    def __init__(self, plan: Plan, rank: int, steps: int | None = None,
+                 ready: Callable[[int], float] | None = None) -> None:
         if not 0 <= rank < plan.world:
             raise ValueError(f"rank {rank} outside the plan's world of {plan.world}")
         self.plan, self.rank, self.step = plan, rank, 0
+        self.n = len(plan.steps) if steps is None else steps
+        self.ready, self.waited = ready, 0.0
 
     def position(self, step: int) -> tuple[int, int]:
         """(replica, CP rank) of this rank in ``step`` (groups of several sizes: one after another)."""
@@ -137,8 +142,9 @@ class PlanSampler:
         return self.plan.steps[step].replicas[replica].micro_batches
 
     def __iter__(self) -> Iterator[tuple[int, tuple[MicroBatch, ...]]]:
-        while self.step < len(self.plan.steps):
+        while self.step < self.n:
             step = self.step
+            self.waited = self.ready(step) if self.ready is not None else 0.0
             self.step += 1
             yield step, self.micro_batches(step)
 
@@ -146,6 +152,6 @@ class PlanSampler:
         return {"step": self.step, "rank": self.rank}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        if not 0 <= int(state["step"]) <= len(self.plan.steps):
-            raise ValueError(f"sampler state step={state['step']} outside the plan's {len(self.plan.steps)} steps")
+        if not 0 <= int(state["step"]) <= self.n:
+            raise ValueError(f"sampler state step={state['step']} outside the plan's {self.n} steps")
         self.step = int(state["step"])

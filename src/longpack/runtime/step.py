@@ -6,7 +6,8 @@ forward ascending, backward descending, recomputing the chunks the plan marks. A
 ``cp_rank`` of the step's CP group in :mod:`~longpack.runtime.context_parallel` (local pieces whole, zigzag
 shares of sharded pieces, K/V all-gathered and overlapped with local attention); a chain there is sharded over
 the group (:mod:`~longpack.runtime.sharded_chain`). A micro-batch's ``ckpt_layers`` checkpoints that many decoder
-layers (runtime/engine.py). :func:`check_runnable` refuses, before the first step, a plan these rules cannot run.
+layers (runtime/engine.py). :func:`check_step` refuses a step these rules cannot run, before it trains
+(as it is planned, runtime/ahead.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .engine import checkpointing, forward_logits, num_layers
 from .loss import step_targets, token_weights, weighted_loss
 from .sharded_chain import ShardedChainPass, ShardedKVStore
 
-__all__ = ["run_micro_batches", "check_runnable"]
+__all__ = ["run_micro_batches", "check_runnable", "check_step"]
 
 
 def _documents(cu: list[int]):  # noqa: ANN202
@@ -93,30 +94,35 @@ def _cp_chain(model: Any, plan: Plan, seg: list[MicroBatch], sample: int, corpus
 
 
 def check_runnable(plan: Plan) -> None:
-    """Refuse, before any step trains, a plan this runtime cannot execute; the message names the step, replica,
+    """Refuse, before any step trains, a plan this runtime cannot execute (:func:`check_step` on every step)."""
+    for s in range(len(plan.steps)):
+        check_step(plan, s)
+
+
+def check_step(plan: Plan, s: int) -> None:
+    """Refuse step ``s`` of ``plan`` when this runtime cannot execute it; the message names the step, replica,
     micro-batch and piece. Checks: chunk chains well formed (each starts at token 0 on its replica, contiguous,
     one started per micro-batch); at CP degree > 1 a chain's pieces sharded over the group; every CP rank holding
-    some token of a micro-batch that has sharded pieces. Cost: one pass over the plan's pieces."""
-    for s, st in enumerate(plan.steps):
-        for r, rep in enumerate(st.replicas):
-            cp, mbs, i = st.replica_cp(r), rep.micro_batches, 0
-            while i < len(mbs):  # the runtime's own walk over the replica
-                try:
-                    chain = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
-                except ValueError as exc:
-                    raise ValueError(f"step {s}, replica {r}: {exc}; the runtime cannot run this plan") from None
-                sample, last = chain if chain else (-1, i)
-                for j in range(i, last + 1):
-                    where = f"step {s}, replica {r}, micro-batch {j}"
-                    other = next((p for p in mbs[j].pieces if chain and plan.is_chunk(p) and p.sample != sample),
-                                 None)
-                    if other is not None:
-                        raise ValueError(f"{where}: a chunk of sample {other.sample} (tokens {other.start}-"
-                                         f"{other.stop}) inside the chain of sample {sample}; the runtime runs "
-                                         "one chain at a time")
-                    if cp > 1:
-                        _check_cp_micro_batch(plan, mbs[j], cp, where)
-                i = last + 1
+    some token of a micro-batch that has sharded pieces. Cost: one pass over the step's pieces."""
+    st = plan.steps[s]
+    for r, rep in enumerate(st.replicas):
+        cp, mbs, i = st.replica_cp(r), rep.micro_batches, 0
+        while i < len(mbs):  # the runtime's own walk over the replica
+            try:
+                chain = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
+            except ValueError as exc:
+                raise ValueError(f"step {s}, replica {r}: {exc}; the runtime cannot run this plan") from None
+            sample, last = chain if chain else (-1, i)
+            for j in range(i, last + 1):
+                where = f"step {s}, replica {r}, micro-batch {j}"
+                other = next((p for p in mbs[j].pieces if chain and plan.is_chunk(p) and p.sample != sample), None)
+                if other is not None:
+                    raise ValueError(f"{where}: a chunk of sample {other.sample} (tokens {other.start}-"
+                                     f"{other.stop}) inside the chain of sample {sample}; the runtime runs one "
+                                     "chain at a time")
+                if cp > 1:
+                    _check_cp_micro_batch(plan, mbs[j], cp, where)
+            i = last + 1
 
 
 def _check_cp_micro_batch(plan: Plan, mb: MicroBatch, cp: int, where: str) -> None:

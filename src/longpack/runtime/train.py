@@ -35,18 +35,20 @@ import torch
 from .. import jobs
 from ..cost import CostModel
 from ..model import ModelSpec, get_model
-from ..plan import Plan
+from ..plan import Plan, step_dict
+from ..planners.stream import PlanStream
 from . import checkpoint
-from .accounting import data_report
+from .accounting import chained_samples, data_report
+from .ahead import PlanAhead
 from .context_parallel import CPGroups
 from .data import PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
 from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
 from .pipeline import pipeline_phrase
-from .step import check_runnable, run_micro_batches
+from .step import check_step, run_micro_batches
 
-__all__ = ["TrainArgs", "train", "build_plan", "launch", "run_step"]
+__all__ = ["TrainArgs", "train", "build_plan", "plan_stream", "launch", "run_step"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -75,6 +77,7 @@ class TrainArgs:
     threads: int | None = None
     timeout: float = 600.0
     pp: int = 1
+    plan_ahead: int = 4
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -85,6 +88,8 @@ class TrainArgs:
             raise ValueError("--resume needs --checkpoint-dir DIR, the folder of the run to continue")
         if self.pp < 1:
             raise ValueError(f"--pp {self.pp}: must be >= 1")
+        if self.plan_ahead < 0:
+            raise ValueError(f"--plan-ahead {self.plan_ahead}: must be >= 0 (0: plan the whole run before step 0)")
         if not self.timeout > 0:
             raise ValueError(f"--timeout {self.timeout}: must be > 0 seconds")
 
@@ -114,10 +119,10 @@ def model_spec(args: TrainArgs) -> ModelSpec:
     return spec_of(AutoConfig.from_pretrained(args.model_path, local_files_only=True))
 
 
-def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
-               note: Any = jobs.say) -> tuple[Plan, CostModel]:
-    """The plan every rank computes identically (same inputs, same seed), and its cost model; ``note``: where notes
-    for the user go (one process says them)."""
+def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
+                note: Any = jobs.say) -> tuple[PlanStream, CostModel]:
+    """The run's plan as a stream (its header now, each step when asked), which every rank makes identically (same
+    inputs, same seed), and its cost model; ``note``: where notes for the user go (one process says them)."""
     run = args.run
     if world % args.pp:
         raise ValueError(f"--pp {args.pp} must divide the number of processes ({world})")
@@ -133,9 +138,17 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     else:
         lengths, default_max_len = jobs.load_workload(run)
     cost = jobs.build_cost(run, spec)
-    plan, _ = jobs.run_plan(args.planner, lengths, run, cost, default_max_len, note=note)
-    check_runnable(plan)
-    return plan, cost
+    return jobs.plan_stream(args.planner, lengths, run, cost, default_max_len, note=note), cost
+
+
+def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
+               note: Any = jobs.say) -> tuple[Plan, CostModel]:
+    """The whole plan (:func:`plan_stream` run to its end, every step checked runnable) and its cost model."""
+    stream, cost = plan_stream(args, world, source, spec, note)
+    for s in range(len(stream)):
+        stream.next_step()
+        check_step(stream.plan, s)
+    return replace(stream.plan, steps=tuple(stream.plan.steps)), cost
 
 
 def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage: int = 0) -> torch.nn.Module:
@@ -177,7 +190,7 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
     elif "summary" in record:
         s = record["summary"]
         print(f"done: {s['steps']} steps, {s['tokens_per_second']:.0f} tokens/s, final loss {s['final_loss']:.4f}, "
-              f"planned in {s['planning_seconds']:.2f} s before step 0"
+              f"waited {s['planner_wait_seconds']:.2f} s on the planner (planning took {s['planning_seconds']:.2f} s)"
               + (f", saved {s['output_dir']}" if s.get("output_dir") else ""), flush=True)
     elif "data" in record:
         print("data: " + record["data"]["line"], flush=True)
@@ -186,7 +199,8 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
         print(f"step {record['step']:5d}  loss {record['loss']:.4f}  targets {record['targets']:6d}  tokens "
               f"{record['tokens']:6d}  {record['step_seconds']:.3f} s  {record['tokens'] / record['step_seconds']:.0f}"
               f" tokens/s  mem {max(mem['measured_bytes']) / 2**20:.1f} MiB measured / "
-              f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})" + pipeline_phrase(record),
+              f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})  waited "
+              f"{record['planner_wait_seconds']:.3f} s on the planner" + pipeline_phrase(record),
               flush=True)
 
 
@@ -214,8 +228,16 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
             "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp, "pp": args.pp}
 
 
-def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan_steps: list[Any]) -> None:
-    """Refuse a resume whose settings changed (naming the flag) or whose plan does not begin with the steps done."""
+def _fingerprint(plan: Plan, n: int, cache: list[dict[str, Any]]) -> str:
+    """Fingerprint of the plan's first ``n`` steps (planned already); ``cache``: their JSON, grown as steps run."""
+    cache.extend(step_dict(st) for st in plan.steps[len(cache):n])
+    return checkpoint.steps_fingerprint(cache[:n])
+
+
+def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, ahead: PlanAhead,
+                     cache: list[dict[str, Any]]) -> float:
+    """Refuse a resume whose settings changed (naming the flag) or whose plan does not begin with the steps done;
+    returns the seconds waited for those steps to be planned again."""
     where = f"--resume: the checkpoint {meta['path']}"
     for flag, now in settings(args, world).items():
         then = meta.get("settings", {}).get(flag, now)
@@ -223,26 +245,31 @@ def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, plan_ste
             raise ValueError(f"{where} was made with --{flag} {then!r}, this run has {now!r}; resume with the same "
                              f"--{flag} (only --steps may change)")
     done = int(meta["step"])
-    if done > len(plan_steps):
-        raise ValueError(f"{where} has trained {done} steps; --steps {len(plan_steps)} is fewer")
-    if checkpoint.steps_fingerprint(plan_steps[:done]) != meta["plan"]:
+    if done > len(ahead):
+        raise ValueError(f"{where} has trained {done} steps; --steps {len(ahead)} is fewer")
+    waited = ahead.wait(done - 1) if done else 0.0  # the steps already trained are planned again, and compared
+    if _fingerprint(ahead.plan, done, cache) != meta["plan"]:
         raise ValueError(f"{where}: this run's plan does not begin with the {done} steps already trained (planner "
                          f"{args.planner} lays out the whole run at once); resume with the same --steps")
+    return waited
 
 
 def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: PlanSampler,
-            ctx: DistContext, plan_steps: list[Any], first_layer: int | None = None) -> None:
+            ctx: DistContext, ahead: PlanAhead, cache: list[dict[str, Any]], first_layer: int | None = None
+            ) -> float:
+    """Continue from the latest checkpoint when asked; the seconds waited on the planner meanwhile."""
     if not (args.resume or args.resume_if_present) or not args.checkpoint_dir:
-        return
+        return 0.0
     warn = (lambda line: print(f"longpack: warning: {line}", file=sys.stderr, flush=True)) if ctx.rank == 0 else None
     meta = checkpoint.load_latest(args.checkpoint_dir, model=model, optimizer=opt, warn=warn, first_layer=first_layer)
     if meta is None:
         if args.resume_if_present:
-            return
+            return 0.0
         raise ValueError(f"--resume: no checkpoint in {args.checkpoint_dir}; check the folder, or use "
                          "--resume-if-present to start at step 0 when there is none")
-    _check_resumable(meta, args, ctx.world, plan_steps)
+    waited = _check_resumable(meta, args, ctx.world, ahead, cache)
     sampler.load_state_dict(meta["sampler"])
+    return waited
 
 
 def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Source, ctx: DistContext,
@@ -311,33 +338,46 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
                fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device)
     source = load_source(args, spec.vocab)
     t_plan = time.perf_counter()
-    plan, cost = build_plan(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
-    planning = time.perf_counter() - t_plan  # the whole run is planned before its first step trains
+    stream, cost = plan_stream(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
+    ahead = PlanAhead(stream, args.plan_ahead, check=check_step)  # steps planned on a thread while others train
+    header = time.perf_counter() - t_plan  # the over-long policy over the whole run (the whole plan at depth 0)
+    try:
+        return _train(args, ctx, spec, source, ahead, cost, header)
+    finally:
+        ahead.close()
+
+
+def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, ahead: PlanAhead, cost: CostModel,
+           header: float) -> dict[str, Any]:
+    plan = ahead.plan
     # the memory prediction at the run's own activation width (the planning model assumes bf16)
     mem_cost = CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize))
     report = data_report(plan, source)
     _emit(ctx, args, {"data": report})
-    plan_steps = plan.to_dict()["steps"]
     pipe = _pipeline(args, spec, ctx, cost)
     model = _model(args, spec, ctx, plan, pipe.stage if pipe else 0)
     if pipe is not None:
         pipe.model = model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     prank = pipe.layout.prank if pipe else ctx.rank
-    sampler = PlanSampler(plan, prank)
-    wide = ctx.distributed and max(s.cp for s in plan.steps) > 1
-    groups = CPGroups.for_plan(plan, ctx.world, args.timeout, stages=args.pp) if wide else None
+    sampler = PlanSampler(plan, prank, steps=len(ahead), ready=ahead.wait)
+    groups = CPGroups.build(set(), ctx.world, timeout=args.timeout) if ctx.distributed else None
     sync = None
     if _fsdp(args, ctx):
         from .parallelize import StepSync
 
         sync = StepSync(model, ctx.device)
     first_layer = pipe.first_layer if pipe is not None else None
-    _resume(args, model, opt, sampler, ctx, plan_steps, first_layer)
+    cache: list[dict[str, Any]] = []  # the planned steps' JSON, for checkpoint fingerprints
+    header += _resume(args, model, opt, sampler, ctx, ahead, cache, first_layer)
     records: list[dict[str, Any]] = []
+    chained: set[int] = set()
     t_start = time.perf_counter()
     for step, mbs in sampler:
         t0 = time.perf_counter()
+        if groups is not None:
+            groups.add(plan.steps[step], ctx.world, args.pp)
+        chained |= chained_samples(plan, step)
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         try:
@@ -349,8 +389,9 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
             raise
         opt.step()
         opt.zero_grad(set_to_none=True)
+        waited = sampler.waited + (header if not records else 0.0)
         rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
-               "step_seconds": time.perf_counter() - t0, "planner_wait_seconds": 0.0 if records else planning,
+               "step_seconds": time.perf_counter() - t0, "planner_wait_seconds": waited,
                "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
         if pipe is not None:
             rec["pipeline"] = pipe.record(ctx.world, ctx.rank)
@@ -358,15 +399,17 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         _emit(ctx, args, rec)
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt, sampler=sampler.state_dict(),
-                            fingerprint=checkpoint.steps_fingerprint(plan_steps[:step + 1]), rank=ctx.rank,
+                            fingerprint=_fingerprint(plan, step + 1, cache), rank=ctx.rank,
                             settings=settings(args, ctx.world), first_layer=first_layer)
     elapsed = time.perf_counter() - t_start
     total = sum(r["tokens"] for r in records)
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,
                "final_loss": records[-1]["loss"] if records else float("nan"), "steps": len(records),
                "dropped_samples": report["dropped_samples"], "truncated_samples": report["truncated_samples"],
-               "empty_rows_dropped": report["empty_rows_dropped"], "output_dir": args.output_dir,
-               "threads": torch.get_num_threads(), "planning_seconds": planning}
+               "empty_rows_dropped": report["empty_rows_dropped"], "chained_samples": len(chained),
+               "output_dir": args.output_dir, "threads": torch.get_num_threads(),
+               "planning_seconds": header + ahead.planning_seconds,
+               "planner_wait_seconds": sum(r["planner_wait_seconds"] for r in records)}
     if args.output_dir:
         _save_output(args, model, ctx, pipe)
     _emit(ctx, args, {"summary": summary})
@@ -439,7 +482,10 @@ def launch(args: TrainArgs, nproc: int) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = model_spec(args)
     check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device)
-    build_plan(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
+    stream, _ = plan_stream(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
+    if len(stream):  # the run's first step too: a layout it cannot run is refused before spawning
+        stream.next_step()
+        check_step(stream.plan, 0)
     if nproc == 1:
         train(args)
         return

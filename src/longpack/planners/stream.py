@@ -1,0 +1,102 @@
+"""A run's plan made one step at a time, so training can start before the whole run is planned.
+
+:class:`PlanStream` does at once what the whole run must know: the token cap, the over-long policy over every
+sample of the run (which samples are truncated, dropped or split, with reasons) and the plan's header. It then
+plans each step when asked, in order. ``stream.plan`` is a :class:`~longpack.plan.Plan` whose ``steps`` list grows
+by one per :meth:`PlanStream.next_step`; with ``validate`` each new step is checked alone (its shape, capacity and
+the coverage of its own samples, :meth:`Plan.validate_steps`) as it is made.
+
+A step is a pure function of its global batch, the plan context and the seed, so every rank streaming the same run
+gets the same steps in the same order. A planner that lays out the whole run at once (one that overrides
+:meth:`Planner.plan`, such as HBP's global packing and ordering) is planned whole when the stream is made, and its
+steps are then handed out in order. :func:`make_plan` is a stream run to its end.
+
+Cost: the header is O(samples of the run); each step costs its planner's ``plan_batch``, plus O(its pieces) to
+validate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from ..plan import Plan, Step
+from ..progress import tick
+from .base import Batch, PlanContext, Planner, apply_overlong
+
+__all__ = ["PlanStream", "make_plan"]
+
+
+class PlanStream:
+    """The run's plan header now, its steps one :meth:`next_step` at a time (see the module docstring)."""
+
+    def __init__(self, planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
+                 max_len: int | None = None, overlong: str = "split", validate: bool = True) -> None:
+        self.made, self.validate = 0, validate
+        self.whole = type(planner).plan is not Planner.plan  # this planner lays out the whole run at once
+        if self.whole:
+            full = planner.plan(lengths, batches, ctx, max_len=max_len, overlong=overlong)
+            if validate:
+                full.validate()
+            self.plan, self._todo = full, []
+            return
+        self.planner, self.ctx = planner, ctx
+        cap = ctx.token_cap
+        if cap < 1:
+            c = ctx.cost
+            raise ValueError(f"model {c.model.name} on {c.hw.name}: memory {c.hw.memory_gib:g} GiB leaves no room "
+                             f"for activations after {c.static_bytes / 2**30:.1f} GiB of weights/optimizer state; "
+                             "raise --dp/--cp/--tp (ZeRO sharding) or use larger hardware")
+        piece_len = cap * ctx.cp
+        limit = piece_len if max_len is None else min(max_len, piece_len)
+        scope = np.concatenate(batches) if len(batches) else np.zeros(0, dtype=np.int64)
+        eff, truncated, dropped, n_split = apply_overlong(lengths, scope, limit, overlong)
+        split_len = max_len if max_len is not None and overlong == "split" else None
+        if split_len is not None:
+            piece_len = min(piece_len, split_len)
+        self._eff, self._piece_len, self._split_len = eff, piece_len, split_len
+        kept = [(i, ids[eff[ids] > 0]) for i, ids in enumerate(batches)]
+        self._todo = [(i, keep) for i, keep in kept if keep.size]
+        tick("planned", len(batches) - len(self._todo))  # batches with nothing left to train
+        meta = {"seed": ctx.seed, "dp": ctx.dp, "cp": ctx.cp, "tp": ctx.cost.cfg.tp, "pp": ctx.cost.cfg.pp,
+                "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": cap,
+                "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options),
+                "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
+                             "split_len": split_len, "dropped": len(dropped)}}
+        steps: list[Step] = []
+        self.plan = Plan(planner=planner.name, world=ctx.world, steps=steps, truncated=truncated, dropped=dropped,
+                         lengths=dict(zip(scope.tolist(), lengths[scope].tolist(), strict=True)), meta=meta)
+
+    def __len__(self) -> int:
+        """The run's step count (known before any step is planned)."""
+        return len(self.plan.steps) if self.whole else len(self._todo)
+
+    def next_step(self) -> Step:
+        """Plan (or hand out) the next step; it is ``self.plan.steps[self.made - 1]`` afterwards."""
+        if self.made >= len(self):
+            raise IndexError(f"all {len(self)} steps of the run are planned")
+        s = self.made
+        if not self.whole:
+            i, keep = self._todo[s]
+            step = self.planner.plan_batch(Batch(i, keep, self._eff[keep], self._piece_len, self._split_len),
+                                           self.ctx)
+            self.plan.steps.append(step)  # type: ignore[attr-defined]  # the stream's own growing list
+            tick("planned")
+            if self.validate:
+                self.plan.validate_steps([s], keep.tolist())
+        self.made += 1
+        return self.plan.steps[s]
+
+
+def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
+              max_len: int | None = None, overlong: str = "split") -> Plan:
+    """Run ``planner`` over ``batches`` of sample ids with the shared over-long policy (planners/base.py): the
+    whole plan, with its steps in a tuple; not validated (``Plan.validate`` checks it whole)."""
+    stream = PlanStream(planner, lengths, batches, ctx, max_len=max_len, overlong=overlong, validate=False)
+    if stream.whole:
+        return stream.plan
+    for _ in range(len(stream)):
+        stream.next_step()
+    return replace(stream.plan, steps=tuple(stream.plan.steps))
