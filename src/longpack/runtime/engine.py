@@ -90,13 +90,15 @@ def _is_hf(model: Any) -> bool:
     return hasattr(model, "config") and not isinstance(model, Decoder)
 
 
-def forward_logits(model: Any, input_ids_t: torch.Tensor, position_ids_t: torch.Tensor, attend: Attend
-                   ) -> torch.Tensor:
-    """Logits [T, vocab] of one packed stream with explicit positions, attention through ``attend``."""
+def forward_logits(model: Any, input_ids_t: torch.Tensor, position_ids_t: torch.Tensor, attend: Attend,
+                   hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [T, vocab] of one packed stream with explicit positions, attention through ``attend``; ``hidden``
+    [T, hidden size]: the input of a later pipeline stage, in place of the token embeddings (its output is the
+    last decoder layer's hidden state then, unless the stage holds the head)."""
     if not _is_hf(model):
         return model(input_ids_t, position_ids_t, attend)
-    out = model(input_ids=input_ids_t[None], position_ids=position_ids_t[None], use_cache=False,
-                longpack_attend=attend)
+    given = {"input_ids": input_ids_t[None]} if hidden is None else {"inputs_embeds": hidden[None]}
+    out = model(**given, position_ids=position_ids_t[None], use_cache=False, longpack_attend=attend)
     return out.logits[0]
 
 

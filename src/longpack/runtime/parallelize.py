@@ -76,11 +76,10 @@ class StepSync:
         one = torch.zeros(1, dtype=torch.long, device=self.device)
         attend = lambda _l, q, k, v: document_attention(q, k, v, [0, 1])  # noqa: E731
         inner = getattr(self.model, "model", None)
+        x = None
         if inner is not None and getattr(inner, "embed_tokens", True) is None:  # a later pipeline stage
             hf: Any = self.model  # a transformers model
-            x = torch.zeros((1, 1, int(hf.config.hidden_size)), device=self.device,
+            x = torch.zeros((1, int(hf.config.hidden_size)), device=self.device,
                             dtype=next(self.model.parameters()).dtype)
-            out = self.model(inputs_embeds=x, position_ids=one[None], use_cache=False, longpack_attend=attend).logits
-        else:
-            out = forward_logits(self.model, one, one, attend)
+        out = forward_logits(self.model, one, one, attend, hidden=x)
         (out.sum() * 0.0).backward()

@@ -37,17 +37,18 @@ import torch
 import torch.distributed as dist
 
 from ..plan import MicroBatch, Plan
-from ..sim.pipeline import Item, schedule
+from ..sim.pipeline import schedule
+from ..sim.simulate import kept_chunks, pipeline_items
 from .chunked import KVStore, _ChunkPass
 from .context_parallel import CPAttention, rank_pieces
 from .data import Packed, Source, collate
 from .dist import all_reduce_sum
-from .engine import checkpointing, decoder_layers, num_layers
+from .engine import checkpointing, decoder_layers, forward_logits, num_layers
 from .loss import step_targets, token_weights, weighted_loss
 from .sharded_chain import ShardedChainPass, ShardedKVStore
-from .step import _chain_segment, _documents
+from .step import _documents, chain_segments
 
-__all__ = ["stage_bounds", "split_model", "global_names", "gather_state", "Layout", "PipelineStage", "pipeline_items",
+__all__ = ["stage_bounds", "split_model", "global_names", "gather_state", "Layout", "PipelineStage",
            "forward_estimates", "pipeline_phrase"]
 
 
@@ -110,22 +111,12 @@ def gather_state(model: Any, layout: Layout) -> dict[str, torch.Tensor] | None:
 
 
 def forward_estimates(mbs: tuple[MicroBatch, ...], cp: int, cost: Any) -> list[float]:
-    """Per micro-batch forward seconds of one stage by the cost model (a third of its forward and backward): what
-    the schedule is made with, the same on every rank."""
-    from ..sim.simulate import micro_batch_times
+    """Per micro-batch forward seconds of one stage by the cost model, as the simulator counts them: what the
+    schedule is made with, the same on every rank."""
+    from ..sim.simulate import forward_seconds, micro_batch_times
 
-    return [float(micro_batch_times(mb, cp, cost)[0].max()) / 3.0 if mb.pieces else 0.0 for mb in mbs]
-
-
-def pipeline_items(plan: Plan, mbs: tuple[MicroBatch, ...], fwd_s: list[float]) -> tuple[list[int], list[Item]]:
-    """(indices of the non-empty micro-batches, their pipeline items) in plan order."""
-    keep = [i for i, mb in enumerate(mbs) if mb.pieces]
-    items = []
-    for i in keep:
-        mb = mbs[i]
-        chain = next((p.sample for p in mb.pieces if plan.is_chunk(p)), None)
-        items.append(Item(fwd=fwd_s[i], chain=chain, recompute=mb.recompute))
-    return keep, items
+    return forward_seconds(mbs, [float(micro_batch_times(mb, cp, cost)[0].max()) if mb.pieces else 0.0
+                                 for mb in mbs])
 
 
 @dataclass(frozen=True)
@@ -181,6 +172,8 @@ class _StepRun:
     group: Any
     overlap: bool
     chains: dict[int, tuple[int, int, int]]
+    parts: dict[int, tuple[list, list]] = field(default_factory=dict)  # this CP rank's rows of each micro-batch
+    batches: dict[int, Packed] = field(default_factory=dict)  # each micro-batch collated once (F, then R)
     stores: dict[int, Any] = field(default_factory=dict)
     live: dict[int, _Live] = field(default_factory=dict)
     sends: list[Any] = field(default_factory=list)
@@ -250,19 +243,19 @@ class PipelineStage:
         """Execute this stage's ops of ``step``; returns (loss share, tokens, targets) — nonzero on the last stage
         only. ``fwd_s``: per micro-batch forward seconds the schedule is made with (any positive estimate; None:
         the cost model's, :func:`forward_estimates`)."""
-        keep, items = pipeline_items(plan, mbs, fwd_s if fwd_s is not None else forward_estimates(mbs, cp, self.cost))
-        chained = {it.chain for it in items if it.chain is not None}
-        k = max([sum(1 for it in items if it.chain == c and not it.recompute) for c in chained] or [1])
-        sched = schedule(items, self.pp, k=k)
+        keep = [i for i, mb in enumerate(mbs) if mb.pieces]
+        items = pipeline_items(mbs, fwd_s if fwd_s is not None else forward_estimates(mbs, cp, self.cost), plan)
+        sched = schedule(items, self.pp, k=kept_chunks(mbs, plan))
         self.simulated_bubble = sched.bubble_ratio
         self.simulated_busy = sum(end - start for *_, start, end in sched.ops[self.stage])
         targets = step_targets(plan, plan.steps[step], corpus)
         run = _StepRun(plan, mbs, corpus, targets, sum(targets.values()), mode, cp, cp_rank, cp_group, overlap,
-                       self._chains(plan, mbs, keep))
+                       self._chains(plan, mbs))
         self.busy, self.ops, t0 = 0.0, [], time.perf_counter()
+        run.parts = {i: rank_pieces(mbs[i], cp, cp_rank) if cp > 1 else ([], []) for i in keep}
         for kind, j, _, _ in sched.ops[self.stage]:
             i = keep[j]
-            rows, sharded = rank_pieces(mbs[i], cp, cp_rank) if cp > 1 else ([], [])
+            rows, sharded = run.parts[i]
             if cp > 1 and not rows:
                 continue  # this CP rank holds nothing of the micro-batch (check_runnable: no sharded piece)
             if kind == "B":
@@ -288,7 +281,10 @@ class PipelineStage:
         if kind == "R":
             kept = run.live[j].x
             x = kept.detach().requires_grad_() if kept is not None else None
-        batch = collate(mb, run.corpus, run.plan.effective_length, pieces=rows if run.cp > 1 else None)
+        batch = run.batches.get(i)
+        if batch is None:
+            batch = collate(mb, run.corpus, run.plan.effective_length, pieces=rows if run.cp > 1 else None)
+            run.batches[i] = batch
         chain = run.chains.get(i)
         attend = self._attend(mb, batch, chain, run.stores, run.cp, run.cp_rank, run.group, rows, sharded,
                               run.overlap)
@@ -313,6 +309,7 @@ class PipelineStage:
         """B of micro-batch ``i``: the output's gradient received (ones on the last stage), backward with a chain's
         injected dK/dV, the input's gradient sent back; returns the time compute started (after the receive)."""
         entry = run.live.pop(j)
+        run.batches.pop(i, None)  # its last op
         out = entry.out
         assert out is not None, f"micro-batch {i}: backward before its forward or recompute"
         grad = torch.ones_like(out) if self.last else self._recv(out.shape, self.rank + self.n, 2 * j + 1)
@@ -346,20 +343,11 @@ class PipelineStage:
                 "simulated_busy_seconds": sim_busy, "measured_bubble": measured, "simulated_bubble": sim[:n]}
 
     # --- helpers ------------------------------------------------------------------------------------------------
-    def _chains(self, plan: Plan, mbs: tuple[MicroBatch, ...], keep: list[int]) -> dict[int, tuple[int, int, int]]:
+    @staticmethod
+    def _chains(plan: Plan, mbs: tuple[MicroBatch, ...]) -> dict[int, tuple[int, int, int]]:
         """Micro-batch index -> (sample, chunk index, chunks) for every micro-batch of a chain."""
-        out: dict[int, tuple[int, int, int]] = {}
-        i = 0
-        while i < len(mbs):
-            seg = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
-            if seg is None:
-                i += 1
-                continue
-            sample, last = seg
-            for c, m in enumerate(range(i, last + 1)):
-                out[m] = (sample, c, last + 1 - i)
-            i = last + 1
-        return out
+        return {m: (sample, c, last + 1 - first) for first, (last, sample) in chain_segments(plan, mbs).items()
+                for c, m in enumerate(range(first, last + 1))}
 
     def _attend(self, mb: MicroBatch, batch: Packed, chain: tuple[int, int, int] | None, stores: dict[int, Any],
                 cp: int, cp_rank: int, group: Any, rows: list, sharded: list, overlap: bool) -> Any:
@@ -375,13 +363,8 @@ class PipelineStage:
         return _ChunkPass(batch, sample, index, stores[sample])
 
     def _forward(self, mb: MicroBatch, batch: Packed, x: torch.Tensor | None, attend: Any) -> torch.Tensor:
-        kw: dict[str, Any] = {"position_ids": batch.position_ids[None], "use_cache": False, "longpack_attend": attend}
-        if x is None:
-            kw["input_ids"] = batch.input_ids[None]
-        else:
-            kw["inputs_embeds"] = x[None]
         with checkpointing(self.model, mb.ckpt_layers):
-            return self.model(**kw).logits[0]
+            return forward_logits(self.model, batch.input_ids, batch.position_ids, attend, hidden=x)
 
     def _recv(self, shape: Any, src: int, tag: int) -> torch.Tensor:
         buf = torch.empty(tuple(shape), dtype=self.dtype)

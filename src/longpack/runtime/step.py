@@ -25,7 +25,7 @@ from .engine import checkpointing, forward_logits, num_layers
 from .loss import step_targets, token_weights, weighted_loss
 from .sharded_chain import ShardedChainPass, ShardedKVStore
 
-__all__ = ["run_micro_batches", "check_runnable", "check_step"]
+__all__ = ["run_micro_batches", "check_runnable", "check_step", "chain_segments"]
 
 
 def _documents(cu: list[int]):  # noqa: ANN202
@@ -50,6 +50,21 @@ def _chain_segment(plan: Plan, mbs: tuple[MicroBatch, ...], i: int) -> tuple[int
             raise ValueError(f"chunk chain of sample {sample} is not contiguous at micro-batch {j}")
         pos = nxt[0].stop
     return sample, j
+
+
+def chain_segments(plan: Plan, mbs: tuple[MicroBatch, ...]) -> dict[int, tuple[int, int]]:
+    """{first index: (last index, sample)} of every chunk chain in a replica's micro-batches, walked as the runtime
+    runs them (a chain from its first chunk to its last, whole documents one at a time); a ValueError names the
+    micro-batch where the walk breaks."""
+    out: dict[int, tuple[int, int]] = {}
+    i = 0
+    while i < len(mbs):
+        seg = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
+        if seg is not None:
+            out[i] = (seg[1], seg[0])
+            i = seg[1]
+        i += 1
+    return out
 
 
 def _cp_one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of, cp: int, cp_rank: int, group,
@@ -106,23 +121,21 @@ def check_step(plan: Plan, s: int) -> None:
     some token of a micro-batch that has sharded pieces. Cost: one pass over the step's pieces."""
     st = plan.steps[s]
     for r, rep in enumerate(st.replicas):
-        cp, mbs, i = st.replica_cp(r), rep.micro_batches, 0
-        while i < len(mbs):  # the runtime's own walk over the replica
-            try:
-                chain = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
-            except ValueError as exc:
-                raise ValueError(f"step {s}, replica {r}: {exc}; the runtime cannot run this plan") from None
-            sample, last = chain if chain else (-1, i)
-            for j in range(i, last + 1):
-                where = f"step {s}, replica {r}, micro-batch {j}"
-                other = next((p for p in mbs[j].pieces if chain and plan.is_chunk(p) and p.sample != sample), None)
+        cp, mbs = st.replica_cp(r), rep.micro_batches
+        try:
+            chains = chain_segments(plan, mbs)
+        except ValueError as exc:
+            raise ValueError(f"step {s}, replica {r}: {exc}; the runtime cannot run this plan") from None
+        for first, (last, sample) in chains.items():
+            for j in range(first, last + 1):
+                other = next((p for p in mbs[j].pieces if plan.is_chunk(p) and p.sample != sample), None)
                 if other is not None:
-                    raise ValueError(f"{where}: a chunk of sample {other.sample} (tokens {other.start}-"
-                                     f"{other.stop}) inside the chain of sample {sample}; the runtime runs one "
-                                     "chain at a time")
-                if cp > 1:
-                    _check_cp_micro_batch(plan, mbs[j], cp, where)
-            i = last + 1
+                    raise ValueError(f"step {s}, replica {r}, micro-batch {j}: a chunk of sample {other.sample} "
+                                     f"(tokens {other.start}-{other.stop}) inside the chain of sample {sample}; "
+                                     "the runtime runs one chain at a time")
+        if cp > 1:
+            for j, mb in enumerate(mbs):
+                _check_cp_micro_batch(plan, mb, cp, f"step {s}, replica {r}, micro-batch {j}")
 
 
 def _check_cp_micro_batch(plan: Plan, mb: MicroBatch, cp: int, where: str) -> None:
@@ -168,12 +181,13 @@ def run_micro_batches(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, 
         def one(mb: MicroBatch) -> tuple[float, int, int]:
             return _one(model, plan, mb, corpus, weights_of, device)
     loss_sum, tokens, n_targets = 0.0, 0, 0
+    chains = chain_segments(plan, mbs)
     i = 0
     while i < len(mbs):
-        chain = _chain_segment(plan, mbs, i) if mbs[i].pieces else None
-        if chain is not None:
-            part = chain_of(list(mbs[i:chain[1] + 1]), chain[0])
-            i = chain[1] + 1
+        if i in chains:
+            last, sample = chains[i]
+            part = chain_of(list(mbs[i:last + 1]), sample)
+            i = last + 1
         else:
             part = one(mbs[i]) if mbs[i].pieces else (0.0, 0, 0)
             i += 1

@@ -45,7 +45,8 @@ from .bounds import mixed_step_bound, step_lower_bound
 from .pipeline import Item
 from .pipeline import schedule as pipeline_schedule
 
-__all__ = ["StepReport", "SimReport", "simulate", "simulate_step", "micro_batch_times"]
+__all__ = ["StepReport", "SimReport", "simulate", "simulate_step", "micro_batch_times", "pipeline_items",
+           "kept_chunks", "forward_seconds"]
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
                     kv[p.cp_rank] = p.stop
                 stored[p.sample] = kv
         if cost.cfg.pp > 1:
-            res = pipeline_schedule(_pipeline_items(rep.micro_batches, mb_times, plan, cost), cost.cfg.pp,
-                                    k=_kept_chunks(rep.micro_batches, plan))
+            items = pipeline_items(rep.micro_batches, forward_seconds(rep.micro_batches, mb_times), plan)
+            res = pipeline_schedule(items, cost.cfg.pp, k=kept_chunks(rep.micro_batches, plan))
             replica_s.append(res.makespan)
             bubbles.append(res.bubble_ratio)
         else:
@@ -234,19 +235,25 @@ def _resident_bytes(cost: CostModel, mb: MicroBatch, tokens: np.ndarray, prefix:
     return np.asarray(cost.memory_bytes(tokens + same, mb.ckpt_layers, prefix), dtype=np.float64) + other
 
 
-def _pipeline_items(mbs: tuple[MicroBatch, ...], times: list[float], plan: Plan, cost: CostModel) -> list[Item]:
-    """Micro-batches as pipeline items: per-stage forward time (the micro-batch time is F + 2F (+ F recompute)),
-    chained when they hold pieces of the same split sample."""
+def forward_seconds(mbs: tuple[MicroBatch, ...], times: list[float]) -> list[float]:
+    """Per micro-batch forward seconds of one stage from its whole time (F + 2F backward, + F when recomputed)."""
+    return [t / (3.0 + (1.0 if mb.recompute else 0.0)) for mb, t in zip(mbs, times, strict=True)]
+
+
+def pipeline_items(mbs: tuple[MicroBatch, ...], fwd: list[float], plan: Plan) -> list[Item]:
+    """The non-empty micro-batches as pipeline items, in order: forward seconds ``fwd[i]``, chained when they hold
+    pieces of the same split sample, recomputed as the plan marks (the simulator and runtime/pipeline.py both
+    schedule these)."""
     items = []
-    for mb, t in zip(mbs, times, strict=True):
+    for mb, f in zip(mbs, fwd, strict=True):
         if not mb.pieces:
             continue
         chain = next((p.sample for p in mb.pieces if plan.is_chunk(p)), None)
-        items.append(Item(fwd=t / (3.0 + (1.0 if mb.recompute else 0.0)), chain=chain, recompute=mb.recompute))
+        items.append(Item(fwd=f, chain=chain, recompute=mb.recompute))
     return items
 
 
-def _kept_chunks(mbs: tuple[MicroBatch, ...], plan: Plan) -> int:
+def kept_chunks(mbs: tuple[MicroBatch, ...], plan: Plan) -> int:
     """K of a replica's chains: the most chunks one chain keeps activations for (1 when there are none)."""
     kept: dict[int, int] = {}
     for mb in mbs:
