@@ -168,6 +168,11 @@ def test_hf_empty_and_overlong_rows_are_counted_and_reported(tmp_path, capsys):
     first = next(x for x in trainer.state.log_history if "loss" in x)
     assert first["longpack/empty_rows_dropped"] == 2 and first["longpack/dropped_samples"] == long
     assert first["longpack/rows"] == len(hf_case.LENGTHS) + 2
+    # steps are planned on a thread while earlier ones train: every training log says what its steps waited
+    logs = [x for x in trainer.state.log_history if "loss" in x]
+    assert logs and all(x["longpack/planner_wait_seconds"] >= 0 for x in logs)
+    assert [s["step"] for s in trainer.longpack_steps] == [0]  # max_steps=1
+    assert all(s["planner_wait_seconds"] >= 0 for s in trainer.longpack_steps)
 
 
 def test_hf_errors_name_the_config_fields_of_this_path(tmp_path):
