@@ -5,7 +5,8 @@
 A step's replicas may be CP groups of several sizes (``Step.degrees``, FlexSP's heterogeneous groups: PAPERS.md,
 HBP's Table 12). The unified planner makes such steps by default (``--opt mixed_groups``, planners/groups.py: its
 sharding kept, one greedy layout per split of the world, one micro-batch per group, kept where the simulator says it
-is at least 3% faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step),
+is at least 3% faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step) and
+``widen=1`` (CP groups wider than ``--cp`` 8 allowed, up to the world, as the regrouping here is too),
 applies that option's step (``groups.regroup``) to every step, and simulates both plans side by side: time,
 efficiency, and the groups each step ends on. The regrouped plan's mixed steps are held to the bound of such layouts
 (``bounds.mixed_step_bound``), weaker than that of one degree, so the two efficiencies are not comparable. Cost:
@@ -38,7 +39,8 @@ def cell(name: str, steps: int) -> tuple[str, list[tuple[float, float, tuple[int
     its degrees); and both plans' efficiency."""
     model, dp, workload = name.split(":")
     spec = jobs.RunSpec(workload=workload, samples=20000, model=model, hardware="h100", dp=int(dp), cp=8,
-                        global_batch=64 * int(dp), steps=steps, seed=0, options=(("mixed_groups", "0"),))
+                        global_batch=64 * int(dp), steps=steps, seed=0,
+                        options=(("mixed_groups", "0"), ("widen", "1")))
     lengths, max_len = jobs.load_workload(spec)
     cost = jobs.build_cost(spec)
     plan, _ = jobs.run_plan("unified", lengths, spec, cost, max_len)
@@ -76,8 +78,9 @@ def main() -> None:
                 "|---|---|---|---|---|---|---|\n"
                 + "\n".join("| " + " | ".join(r) + " |" for r in table)
                 + "\n\nH100 cost model, 64·DP samples a step, the first steps of each workload (seed 0). First: "
-                "unified under `--opt mixed_groups=0`. Regrouped: each of its steps after the step the default "
-                "`mixed_groups=1` adds (planners/groups.py), which is unified's default plan: its sharding "
+                "unified under `--opt mixed_groups=0 --opt widen=1` (CP groups up to the world). Regrouped: each of "
+                "its steps after the step `mixed_groups=1` adds (planners/groups.py), which is unified's plan "
+                "under `widen=1`: its sharding "
                 "kept, laid out greedily on groups of several CP degrees, one micro-batch per group, where at least "
                 "3% faster. Its efficiency holds those steps to the bound of layouts on several degrees, which is "
                 "weaker than that of one degree (no pair, group or per-replica terms), so the two efficiencies are not "

@@ -193,20 +193,21 @@ def test_unified_hides_own_samples_under_a_chains_exchange():
 
 
 def test_unified_unit_threshold_keeps_whole_what_ends_before_the_longest_unit():
-    """DP32·CP8, the chunkflow-eval batch with a 211K sample: the step runs at CP 128, whose exchange crosses
-    nodes. Thresholds relative to the mean rank load shard every 23K-31K sample there; the unit threshold keeps
-    whole those that end before the 211K sample's unit, and the step is faster (0.429 s -> 0.411 s)."""
+    """DP32·CP8, the chunkflow-eval batch with a 211K sample, CP groups wider than --cp allowed (widen=1): the step
+    runs at CP 128, whose exchange crosses nodes. Thresholds relative to the mean rank load shard every 23K-31K
+    sample there; the unit threshold keeps whole those that end before the 211K sample's unit, and the step is
+    faster (0.429 s -> 0.411 s)."""
     cost = _cost(dp=32, cp=8)
     x = generate("chunkflow-eval", 20000, seed=0)
     batch = [global_batches(len(x), 2048, seed=0, steps=4)[2]]
     times = {}
     for alphas in ("inf,2,1,0.5", "inf,2,1,0.5,unit"):
         # one degree a step: the threshold's effect, not that of groups of several sizes after it
-        options = {"alphas": alphas, "mixed_groups": "0"}
+        options = {"alphas": alphas, "mixed_groups": "0", "widen": "1"}
         plan = get_planner("unified").plan(x, batch, PlanContext(cost=cost, options=options))
         plan.validate()
         step = simulate(plan, cost).steps[0]
-        assert step.lower_bound_s <= step.time_s
+        assert step.lower_bound_s <= step.time_s and step.cp == 128
         times[alphas] = step.time_s
     assert times["inf,2,1,0.5,unit"] < 0.97 * times["inf,2,1,0.5"]
 

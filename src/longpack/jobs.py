@@ -163,7 +163,8 @@ def summarize(plan: Plan, cost: CostModel, report: SimReport | None = None) -> d
             "gap_to_bound": 1.0 / report.efficiency - 1.0 if report.efficiency > 0 else float("inf"),
             "dbr": m.dbr, "pr": m.pr,
             "abr": m.abr, "cr": m.cr, "ave_t": m.ave_t, "peak_mem_gib": report.peak_mem_gib,
-            "oom_steps": report.oom_steps, "steps": len(report.steps), "empty_slots": empty_slots(plan)}
+            "oom_steps": report.oom_steps, "steps": len(report.steps), "empty_slots": empty_slots(plan),
+            "cp_degrees": sorted({d for st in plan.steps for d in (st.degrees or (st.cp,))})}
 
 
 def empty_slots(plan: Plan) -> float:

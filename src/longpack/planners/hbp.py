@@ -5,7 +5,9 @@ not follow the shared global batches (every sample of the plan's scope is still 
 
 1. **Groups** (Algorithm 1, :mod:`.hbp_groups`): packing lengths l_1 < ... < l_n with (sp_i, ckpt_i), chosen
    automatically from the cost model (or measured profiles, option ``profiles=FILE``), or given as option
-   ``groups="16384:1:28,131072:8:29"`` (length:sp:ckpt, comma-separated).
+   ``groups="16384:1:28,131072:8:29"`` (length:sp:ckpt, comma-separated). Chosen automatically, SP degrees are
+   divisors of ``--cp`` (the CP groups asked for); ``widen=1`` allows every degree up to 16 that divides the world.
+   Packing lengths no allowed degree fits are left out, their samples split into chains of the longest group.
 2. **Balance packing** (Algorithm 2, App. J): samples with length in (l_{i−1}, l_i] are packed by ISF into packs of
    l_i tokens (per-rank tokens ceil(s/sp_i) within l_i/sp_i). Nothing is skipped: a sample longer than l_n follows
    the over-long policy (split into a chain of l_n pieces by default), and is counted.
@@ -123,7 +125,8 @@ class HBP(Planner):
     """Hierarchical balance packing (see the module docstring)."""
 
     name = "hbp"
-    options = ("groups", "lengths", "profiles", "step_tokens", "isf_iters", "greedy_fill", "balance", "curriculum")
+    options = ("groups", "lengths", "profiles", "step_tokens", "isf_iters", "greedy_fill", "balance", "curriculum",
+               "widen")
 
     def plan(self, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
              max_len: int | None = None, overlong: str = "split") -> Plan:
@@ -167,7 +170,9 @@ class HBP(Planner):
             return groups, {"groups": [g.tag for g in groups], "selection": "manual"}
         cand = ctx.option("lengths", None)
         candidates = [int(x) for x in str(cand).split(",")] if cand else None
-        groups, report = select_groups(lengths, ctx.cost, world, candidates=candidates,
+        widen = str(ctx.option("widen", "0")).strip().lower() not in ("0", "false", "no", "off")
+        sp_set = None if widen else [d for d in (1, 2, 4, 8, 16) if ctx.cp % d == 0]  # divisors of --cp
+        groups, report = select_groups(lengths, ctx.cost, world, candidates=candidates, sp_set=sp_set,
                                        profiles=ctx.option("profiles", None))
         return groups, report | {"selection": "auto"}
 

@@ -120,12 +120,13 @@ def select_groups(lengths: np.ndarray, cost: CostModel, world: int, *, candidate
     table = (load_profiles(profiles, cost.hw.memory_gib) if profiles
              else profile_strategies(lengths, candidates, sp_set, cost, world))
     cap = cost.cfg.token_cap
-    if cap is not None and not profiles:  # a configured cap keeps only the packing lengths some SP degree fits
+    if not profiles:  # keep the packing lengths some SP degree fits (the cap, memory); longer samples run as chains
         fitting = [c for c in candidates if table.get(c)]
         if not fitting:
-            raise ValueError(f"HBP: no packing length of {candidates} fits --bucket-size {cap} tokens per rank at SP "
-                             f"<= {max(s for s in sp_set if world % s == 0)}; give --opt groups=LEN:SP:CKPT,... or a "
-                             "larger --bucket-size")
+            room = f"--bucket-size {cap} tokens per rank" if cap is not None else "memory"
+            raise ValueError(f"HBP: no packing length of {candidates} fits {room} at SP <= "
+                             f"{max(s for s in sp_set if world % s == 0)}; give --opt groups=LEN:SP:CKPT,..., a "
+                             "larger --cp, or a larger --bucket-size")
         candidates = fitting
     best: dict[int, Strategy] = {}
     for length in candidates:

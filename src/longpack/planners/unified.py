@@ -7,9 +7,9 @@ candidate, so the result is deterministic).
 
 Knobs (each is one paper's lever, made a choice instead of a fixed setting):
 
-* **CP degree** d of the step, over the divisors of ``--cp`` (HBP's per-group SP degree), and wider groups
-  (2·cp, 4·cp, ... dividing the world) while the longest sample's share plus its K/V exchange at the previous
-  degree still exceeds a quarter of the mean rank load: world/d replicas.
+* **CP degree** d of the step, over the divisors of ``--cp`` (HBP's per-group SP degree): world/d replicas. Only
+  with ``--opt widen=1`` also wider groups (2·cp, 4·cp, ... dividing the world) while the longest sample's share
+  plus its K/V exchange at the previous degree still exceeds a quarter of the mean rank load.
 * **Checkpointing** k: the configured layers, or the fewest that let the longest sample sit sharded whole
   without a chain (HBP's checkpointing where it pays). Only the micro-batches holding such long samples use k;
   the others keep the configured layers and pay no recompute. Each such candidate has a twin that runs those
@@ -91,10 +91,11 @@ whichever is more; 0 turns it off, with balancing, repacking and trading: half t
 for 0.04% of step time there and 1.0% on 7B ChatQA2 at DP4·CP8), ``trades`` (most trades of pieces between replicas,
 per replica, in step 7; default 2; 0 turns them off: about a third less planning time on lmsys batches, for 0.04%
 of step time there and 0.05% on 7B ChatQA2 at DP4·CP8), ``shard_chains`` (0: chains only at CP degree 1 — what
-``longpack train`` sets, since the runtime runs chains at cp = 1 only), ``mixed_groups`` (default 1: then lay each
-step that shards a sample out again on CP groups of several sizes — of ``degrees`` when given — one micro-batch per
-group, and keep that where the simulator says it is at least 3% faster — planners/groups.py; 0 keeps one degree a
-step. Such steps are held to the weaker bound of layouts on several degrees).
+``longpack train`` sets, since the runtime runs chains at cp = 1 only), ``widen`` (1: CP groups wider than
+``--cp`` too, as above; default 0), ``mixed_groups`` (default 1: then lay each step that shards a sample out again
+on CP groups of several sizes — of ``degrees`` when given, else divisors of ``--cp`` unless widened — one
+micro-batch per group, and keep that where the simulator says it is at least 3% faster — planners/groups.py; 0
+keeps one degree a step. Such steps are held to the weaker bound of layouts on several degrees).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class Unified(Planner):
     """One cost-driven search over CP degree, checkpointing, micro-batch budget and sharding (module docstring)."""
 
     name = "unified"
-    options = ("alphas", "degrees", "refine", "splits", "trades", "mixed_groups", "shard_chains")
+    options = ("alphas", "degrees", "refine", "splits", "trades", "mixed_groups", "shard_chains", "widen")
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}
@@ -188,9 +189,10 @@ class Unified(Planner):
         trades = _count(ctx, "trades", str(SHIFTS))
         best[1].shifts = SHIFTS if trades is None else trades
         step = best[1].step()
-        if _flag(ctx.option("mixed_groups", True)):  # only the degrees of --opt degrees, when given
-            step = regroup(step, lengths, ctx.cost, self.name, _numbers(ctx, "degrees", int, "8,4,2,1", "integers")
-                           or None)
+        if _flag(ctx.option("mixed_groups", True)):  # sizes of --opt degrees, else divisors of --cp unless widened
+            sizes = _numbers(ctx, "degrees", int, "8,4,2,1", "integers") or (
+                None if _flag(ctx.option("widen", False)) else _divisors(ctx.cp))
+            step = regroup(step, lengths, ctx.cost, self.name, sizes)
         return step
 
     def _score(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext) -> tuple[bool, float]:
@@ -231,11 +233,14 @@ class Unified(Planner):
 
     @staticmethod
     def _degrees(batch: Batch, ctx: PlanContext) -> list[int]:
-        """Divisors of --cp, plus larger CP groups (2·cp, 4·cp, ... dividing the world) while the longest sample's
-        share and exchange at the previous degree still exceed a quarter of the mean rank load (a wider group
-        then shortens the longest unit, or lets its exchange hide under the other ranks' work)."""
+        """Divisors of --cp, the CP groups the user asked for. With ``--opt widen=1`` also larger groups (2·cp,
+        4·cp, ... dividing the world) while the longest sample's share and exchange at the previous degree still
+        exceed a quarter of the mean rank load (a wider group then shortens the longest unit, or lets its exchange
+        hide under the other ranks' work)."""
         cp, world, cost = ctx.cp, ctx.world, ctx.cost
-        out = [d for d in range(cp, 0, -1) if cp % d == 0]
+        out = _divisors(cp)
+        if not _flag(ctx.option("widen", False)):
+            return out
         s = batch.lengths.astype(np.float64)
         t_loc, _ = _times(s, cost, 1, ctx.ckpt_layers)
         tau = float(t_loc.sum()) / world
@@ -1368,6 +1373,11 @@ def _alpha(text: str) -> float:
     if not value > 0:
         raise ValueError(text)
     return value
+
+
+def _divisors(n: int) -> list[int]:
+    """Divisors of ``n``, largest first."""
+    return [d for d in range(n, 0, -1) if n % d == 0]
 
 
 def _flag(value: object) -> bool:

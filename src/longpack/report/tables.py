@@ -60,10 +60,10 @@ def _setup_line(result: dict[str, Any]) -> str:
 
 
 def compare_table(result: dict[str, Any], console: Console | None = None, all_columns: bool = False) -> None:
-    """The comparison: by default the columns a choice rests on (planner, steps, step s, speedup, efficiency,
-    peak GiB, OOM steps); ``all_columns`` adds the balance metrics, bound and optimum gaps, empty slots and plan
-    seconds. Planners that regroup the samples into a different number of optimizer steps than the baseline are
-    a different training run and get a table of their own below."""
+    """The comparison: by default the columns a choice rests on (planner, steps, the CP degrees its steps use,
+    step s, speedup, efficiency, peak GiB, OOM steps); ``all_columns`` adds the balance metrics, bound and optimum
+    gaps, empty slots and plan seconds. Planners that regroup the samples into a different number of optimizer
+    steps than the baseline are a different training run and get a table of their own below."""
     console = console or _console()
     console.print(_setup_line(result))
     ov = result.get("samples", {})
@@ -109,12 +109,13 @@ def compare_table(result: dict[str, Any], console: Console | None = None, all_co
 
 def _table(rows: dict[str, dict[str, Any]], base: str, mark: str, all_columns: bool, title: str | None = None
            ) -> Table:
-    head = ["planner", "steps", "step s", f"speedup vs {base}", "efficiency", "peak GiB", "OOM steps"]
+    head = ["planner", "steps", "CP degrees", "step s", f"speedup vs {base}", "efficiency", "peak GiB", "OOM steps"]
     if all_columns:
         head += ["gap to bound", "gap to optimum", "DBR", "ABR", "PR", "CR", "Ave-T", "empty slots", "plan s"]
     t = Table(*head, title=title)
     for name, r in sorted(rows.items(), key=lambda kv: kv[1]["total_s"]):
-        cells = [name, str(r["steps"]), f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x{mark}",
+        degrees = ",".join(str(d) for d in r.get("cp_degrees", []))
+        cells = [name, str(r["steps"]), degrees, f"{r['step_time_s']:.4f}", f"{r['speedup']:.2f}x{mark}",
                  f"{r['efficiency']:.3f}", f"{r['peak_mem_gib']:.1f}", str(r["oom_steps"])]
         if all_columns:
             gap_opt = r.get("gap_to_optimum")

@@ -37,7 +37,8 @@ For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md Â
   replicas, each replica bounded by Eq. 2 on its own â€” what the aggregate terms above cannot see, that the replica
   sharding the longest sample has little room left and a replica whose rank holds a long own sample few shares.
 * A step may use any CP degree (HBP and the unified planner change it per step): the bound is the least over the
-  degrees the caller allows (the simulator passes every divisor of the world size); R runs on the two degrees of
+  degrees the caller allows (the simulator passes the divisors of the run's --cp, or of a step's widest group when
+  a planner was allowed wider ones); R runs on the two degrees of
   least bound (while they can still hold the least).
 
 Why it is a bound: the simulator charges every rank at least the work of its pieces at these (ideal) rates plus,

@@ -25,6 +25,8 @@ A rank over the hardware's memory is an OOM.
 
 A step whose replicas are CP groups of several sizes (``Step.degrees``) times each replica at its own degree, and
 is held to the lower bound of such layouts (bounds.mixed_step_bound), which is weaker than that of one degree.
+A step's bound ranges over the CP degrees the run allows: the divisors of ``--cp``, or of the step's widest group
+when a planner was told it may go wider.
 
 Padded micro-batches (``pad_to > 0``) compute every row at the padded length: padding costs time and memory.
 Cost: O(pieces + ranks) per micro-batch.
@@ -213,7 +215,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
         lengths = [plan.effective_length(p.sample) for rep in reps for mb in rep.micro_batches for p in mb.pieces
                    if p.start == 0]
         lb = _bound(np.sort(np.asarray(lengths, dtype=np.float64)), run_cost, n_ranks, step.mixed,
-                    plan.meta.get("overlong", {}).get("split_len"), not oom)
+                    plan.meta.get("overlong", {}).get("split_len"), not oom, max(run_cost.cfg.cp, step.cp))
     return StepReport(step=index, cp=step.cp, time_s=slowest + allreduce, allreduce_s=allreduce, lower_bound_s=lb,
                       bubble_ratio=max(bubbles, default=0.0),
                       replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
@@ -275,16 +277,17 @@ BOUND_MEMO = 4096  # entries kept; each is one step's bound
 
 
 def _bound(lengths: np.ndarray, cost: CostModel, n_ranks: int, mixed: bool, split_len: int | None,
-           memory: bool) -> float:
-    """A step's lower bound (bounds.py), memoised: it is a pure function of the step's sorted sample lengths and
-    the setup, and comparing planners on the same global batches asks for the same bound once per planner (each
-    solves small MILPs). The memo holds the last :data:`BOUND_MEMO` bounds."""
-    key = (lengths.tobytes(), cost.model, cost.cfg, repr(cost.hw), n_ranks, mixed, split_len, memory)
+           memory: bool, widest: int) -> float:
+    """A step's lower bound (bounds.py) over the CP degrees that divide ``widest`` (the run's --cp, or the step's
+    own widest group when a planner was allowed wider ones), memoised: it is a pure function of the step's sorted
+    sample lengths and the setup, and comparing planners on the same global batches asks for the same bound once
+    per planner (each solves small MILPs). The memo holds the last :data:`BOUND_MEMO` bounds."""
+    key = (lengths.tobytes(), cost.model, cost.cfg, repr(cost.hw), n_ranks, mixed, split_len, memory, widest)
     hit = _BOUNDS.get(key)
     if hit is not None:
         return hit
     bound_of = mixed_step_bound if mixed else step_lower_bound
-    lb = bound_of(lengths, cost, degrees=[d for d in range(1, n_ranks + 1) if n_ranks % d == 0],
+    lb = bound_of(lengths, cost, degrees=[d for d in range(1, n_ranks + 1) if n_ranks % d == 0 and widest % d == 0],
                   split_len=split_len, memory=memory)
     if len(_BOUNDS) >= BOUND_MEMO:
         _BOUNDS.pop(next(iter(_BOUNDS)))
