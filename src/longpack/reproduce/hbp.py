@@ -4,8 +4,10 @@ Setup as published: LLaMA3.1-8B on 32 H100, Tulu3 + LongCite at 128K. Baseline I
 (DP 4) with the fewest checkpointed layers that fit. "+hierarchical": the auto-selected groups with GreedyFill,
 packs in random order; "+hierarchical +balance": packs sorted by attention and dealt in snake order. Speedup is the
 ratio of simulated time to train on the same samples (the paper's GPU-days ratio). Unpublished settings (global
-batch, group interleaving) are HBP's documented defaults (planners/hbp.py). ``unified`` trains the same samples
-in as many optimizer steps as HBP's full configuration.
+batch, group interleaving) are HBP's documented defaults (planners/hbp.py). HBP chooses each group's SP degree
+among all those of the 32 GPUs, so both HBP's group selection and ``unified`` run with ``widen=1`` (CP groups wider
+than the nominal CP 8 allowed, up to 16 for HBP, the world for unified). ``unified`` trains the same samples in as
+many optimizer steps as HBP's full configuration.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def _run_unified(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     with meter("reproduce hbp: unified on the same samples", 2 * len(batches), ("planned", "simulated"),
                "steps planned and simulated",
                "quicker: fewer samples, --samples N (--hbp-samples N in `reproduce all`)"):
-        plan = get_planner("unified").plan(lengths, batches, PlanContext(cost=cost, seed=seed), max_len=128 * K)
+        plan = get_planner("unified").plan(lengths, batches, PlanContext(cost=cost, seed=seed, options={"widen": 1}),
+                                           max_len=128 * K)
         plan.validate()
         r, m = simulate(plan, cost), plan_metrics(plan)
     return {"total_s": r.total_s, "efficiency": r.efficiency, "abr": m.abr, "cr": m.cr, "dbr": m.dbr,
@@ -98,8 +101,8 @@ def reproduce(*, samples: int = 200_000, seed: int = 0, packers: bool = True, un
         raise ValueError("HBP reproduction: a 128K pack at SP 8 does not fit the H100 memory model")
     isf_groups = f"{128 * K}:8:{isf_ckpt}"
     base = _run(lengths, {"groups": isf_groups, "greedy_fill": False, "balance": False, "curriculum": 0})
-    hier = _run(lengths, {"balance": False, "seed": seed})
-    both = _run(lengths, {})
+    hier = _run(lengths, {"balance": False, "seed": seed, "widen": 1})
+    both = _run(lengths, {"widen": 1})
     with tempfile.TemporaryDirectory() as tmp:
         _, paper_sel = select_groups(lengths, _cost(dp=4, cp=8), WORLD, profiles=_paper_profiles(tmp))
     _, auto_sel = select_groups(lengths, _cost(dp=4, cp=8), WORLD)
