@@ -208,7 +208,7 @@ class LongpackMixin:
             print(f"longpack: data: {self.longpack_report['line']}", file=sys.stderr, flush=True)
         self._lp_ctx = DistContext(rank=rank, world=world, device=self.args.device)
         self._lp_groups = CPGroups.build(set(), world) if world > 1 else None
-        self._lp_sampler = PlanSampler(self.plan, rank, steps=len(self._lp_ahead), ready=self._lp_ahead.wait)
+        self._lp_sampler = PlanSampler(self.plan, rank, steps=len(self._lp_ahead))  # training_step waits itself
         self._lp_sync: Any = None
         self._lp_sync_checked = False
         self.longpack_steps: list[dict[str, Any]] = []

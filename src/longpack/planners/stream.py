@@ -65,8 +65,8 @@ class PlanStream:
                 "ckpt_layers": ctx.ckpt_layers, "options": dict(ctx.options),
                 "overlong": {"policy": overlong, "limit": limit, "split": n_split, "truncated": len(truncated),
                              "split_len": split_len, "dropped": len(dropped)}}
-        steps: list[Step] = []
-        self.plan = Plan(planner=planner.name, world=ctx.world, steps=steps, truncated=truncated, dropped=dropped,
+        self._steps: list[Step] = []  # the plan's own list, grown by next_step
+        self.plan = Plan(planner=planner.name, world=ctx.world, steps=self._steps, truncated=truncated, dropped=dropped,
                          lengths=dict(zip(scope.tolist(), lengths[scope].tolist(), strict=True)), meta=meta)
 
     def __len__(self) -> int:
@@ -82,7 +82,7 @@ class PlanStream:
             i, keep = self._todo[s]
             step = self.planner.plan_batch(Batch(i, keep, self._eff[keep], self._piece_len, self._split_len),
                                            self.ctx)
-            self.plan.steps.append(step)  # type: ignore[attr-defined]  # the stream's own growing list
+            self._steps.append(step)
             tick("planned")
             if self.validate:
                 self.plan.validate_steps([s], keep.tolist())

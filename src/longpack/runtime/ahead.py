@@ -33,7 +33,7 @@ class PlanAhead:
 
     def __init__(self, stream: PlanStream, depth: int = 4, check: Callable[[Plan, int], None] | None = None
                  ) -> None:
-        self.stream, self.plan, self.depth = stream, stream.plan, depth
+        self.stream, self.plan = stream, stream.plan
         self.planning_seconds = 0.0  # the planner's own time, every step planned so far
         self._check, self._ready, self._stop = check, 0, threading.Event()
         self._failed: tuple[int, BaseException] | None = None

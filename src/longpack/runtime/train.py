@@ -143,11 +143,11 @@ def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec:
 
 def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
                note: Any = jobs.say) -> tuple[Plan, CostModel]:
-    """The whole plan (:func:`plan_stream` run to its end, every step checked runnable) and its cost model."""
+    """The whole plan (:func:`plan_stream` planned up front, every step checked runnable) and its cost model."""
     stream, cost = plan_stream(args, world, source, spec, note)
-    for s in range(len(stream)):
-        stream.next_step()
-        check_step(stream.plan, s)
+    ahead = PlanAhead(stream, 0, check=check_step)
+    if len(ahead):
+        ahead.wait(len(ahead) - 1)  # raises the first step that failed
     return replace(stream.plan, steps=tuple(stream.plan.steps)), cost
 
 
