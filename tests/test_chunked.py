@@ -88,6 +88,23 @@ def test_chunk_parity_chunkflow_planner_sequence_mean_free():
     _check(plan, lengths)
 
 
+def test_chunk_parity_isf_samples_beside_chain_tails():
+    """An isf plan whose short samples were moved beside chains' last pieces (planners/beside.py), on one rank."""
+    import numpy as np
+    from helpers import make_cost
+
+    from longpack.planners import PlanContext, get_planner
+
+    lengths = [70, 5, 9, 33, 2, 12, 20, 3]
+    ctx = PlanContext(cost=make_cost("tiny", "cpu", token_cap=32))
+    plan = get_planner("isf").plan(np.array(lengths), [np.arange(len(lengths))], ctx)
+    plan.validate()
+    mbs = plan.steps[0].replicas[0].micro_batches
+    beside = [mb for mb in mbs if any(plan.is_chunk(p) for p in mb.pieces) and len(mb.pieces) > 1]
+    assert len(beside) == 2  # both chains' tails took short samples
+    _check(plan, lengths)
+
+
 def test_blockwise_attention_matches_masked_reference():
     torch.manual_seed(0)
     q = torch.randn(1, 4, 6, 8, dtype=torch.float64, requires_grad=True)

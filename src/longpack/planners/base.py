@@ -191,16 +191,26 @@ def chain_pieces(sample: int, length: int, piece_len: int, cp_rank: int | None =
     return [Piece(sample, i * piece_len, min(length, (i + 1) * piece_len), cp_rank) for i in range(n)]
 
 
-def place_chains(batch: Batch, replicas: list[list[MicroBatch]], ctx: PlanContext, pad: bool = False) -> None:
+def place_chains(batch: Batch, replicas: list[list[MicroBatch]], ctx: PlanContext, pad: bool = False,
+                 rows: int = 0) -> None:
     """Append each over-long sample's pieces, one per micro-batch and in order, to the replica holding the fewest
-    tokens (``pad``: each piece as a padded row of its own length)."""
+    tokens (``pad``: each piece as a padded row of its own length). Packed (not ``pad``), that replica's whole
+    samples then fill the room beside the chain's last piece where that empties micro-batches (planners/beside.py;
+    ``rows``: most samples a micro-batch may hold, 0 for no limit)."""
+    from .beside import fill_replica
+
     load = [sum(mb.tokens for mb in r) for r in replicas]
+    length = dict(zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)).__getitem__
+    holding: set[int] = set()
     for i in batch.chains.tolist():
         target = min(range(len(replicas)), key=lambda r: (load[r], r))
         for p in chain_pieces(int(batch.samples[i]), int(batch.lengths[i]), batch.piece_len):
             replicas[target].append(MicroBatch(pieces=(p,), ckpt_layers=ctx.ckpt_layers,
                                                pad_to=p.stop - p.start if pad else 0))
         load[target] += int(batch.lengths[i])
+        holding.add(target)
+    for r in sorted(holding) if not pad and rows != 1 else ():
+        replicas[r][:] = fill_replica(replicas[r], ctx.cp, ctx.token_cap, ctx.cost, length, rows)
 
 
 def assemble_step(replicas: Sequence[Sequence[MicroBatch]], *, cp: int, token_cap: int, group: str = "") -> Step:

@@ -212,7 +212,7 @@ class FixedCP(Planner):
             mbs = ctx.option("micro_batch_size", 0)
             bins = next_fit(_rank_weights(batch.lengths[part], cp), cap, mbs) if part.size else []
             replicas.append([_sharded(batch, [int(part[i]) for i in b], ctx.ckpt_layers) for b in bins])
-        place_chains(batch, replicas, ctx)
+        place_chains(batch, replicas, ctx, rows=ctx.option("micro_batch_size", 0))
         return assemble_step(replicas, cp=cp, token_cap=cap)
 
 
@@ -227,5 +227,5 @@ class OneSeq(Planner):
         cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
         mbs = [_sharded(batch, [int(i)], ctx.ckpt_layers) for i in batch.whole]
         replicas = _deal(mbs, dp)
-        place_chains(batch, replicas, ctx)
+        place_chains(batch, replicas, ctx, rows=1)
         return assemble_step(replicas, cp=cp, token_cap=cap)

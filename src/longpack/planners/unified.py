@@ -65,6 +65,8 @@ Placement of one candidate (loads are cost-model seconds, so both Σ s and Σ s�
    own samples onto a rank that waits anyway; :func:`_shift_pieces`), and balance again. On 7B ChatQA2 this
    takes 0.002-0.010 s off each step at DP4·CP8 (efficiency .9699 → .9705) and 0.001-0.007 s at DP32·CP8
    (.9701 → .9705).
+8. (refine on, the chosen layout) empty micro-batches into the room beside chains' last pieces, or beside
+   those and recomputed chunks, kept where the simulator says it is no slower (planners/beside.py).
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (every tie broken by position). The candidate (d = cp, configured k, K = 1,
@@ -113,6 +115,7 @@ from ..plan import MicroBatch, Piece, Plan, Step
 from ..sim.bounds import min_ckpt
 from ..sim.simulate import _with_cp, micro_batch_times, simulate_step
 from .base import Batch, PlanContext, Planner, assemble_step, register
+from .beside import fill_step
 from .groups import regroup
 from .packers import lpt
 
@@ -188,19 +191,32 @@ class Unified(Planner):
         best[1].repack = best[1].balance  # the chosen layout only: finalists are compared without it (planning time)
         trades = _count(ctx, "trades", str(SHIFTS))
         best[1].shifts = SHIFTS if trades is None else trades
-        step = best[1].step()
+        step = self._fill(best[1], lengths, ctx) if given != 0 else best[1].step()  # refine=0: no local search
         if _flag(ctx.option("mixed_groups", True)):  # sizes of --opt degrees, else divisors of --cp unless widened
             sizes = _numbers(ctx, "degrees", int, "8,4,2,1", "integers") or (
                 None if _flag(ctx.option("widen", False)) else _divisors(ctx.cp))
             step = regroup(step, lengths, ctx.cost, self.name, sizes)
         return step
 
-    def _score(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext) -> tuple[bool, float]:
-        """(over memory, simulated step time) of a layout."""
-        step = layout.step()
+    def _score(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext, step: Step | None = None
+               ) -> tuple[bool, float]:
+        """(over memory, simulated step time) of a layout (or ``step``, laid out at its degree)."""
+        step = step or layout.step()
         plan = Plan(planner=self.name, world=ctx.world, lengths=lengths, steps=(step,))
         rep = simulate_step(0, step, plan, layout.cost, bound=False, times=layout.timer)
         return rep.oom, rep.time_s
+
+    def _fill(self, layout: _Layout, lengths: dict[int, int], ctx: PlanContext) -> Step:
+        """The layout's step with chain-free micro-batches emptied into the room beside chains' last pieces, or
+        beside those and recomputed chunks (planners/beside.py): the fastest of the three in the simulator (ties:
+        the fewer micro-batches; a recomputed chunk runs what joins it twice)."""
+        step = layout.step()
+        best = (self._score(layout, lengths, ctx, step), 0, step)
+        for n, recomputed in enumerate((False, True), start=1):
+            filled = fill_step(step, layout.cost, lengths.__getitem__, recomputed=recomputed)
+            if filled.replicas != step.replicas:
+                best = min(best, (self._score(layout, lengths, ctx, filled), -n, filled), key=lambda t: t[:2])
+        return best[2]
 
     # --- the search space -------------------------------------------------------------------------------------
     def candidates(self, batch: Batch, ctx: PlanContext) -> list[Candidate]:

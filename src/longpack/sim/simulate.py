@@ -15,12 +15,8 @@ the pipeline (sim/pipeline.py: 1F1B, or state-aware 1F1B when chunk chains are p
 bubble ratio. A step takes its slowest replica plus the gradient all-reduce. Idle is what a rank waits for the
 step's slowest rank.
 
-Memory per rank is the cost model's ``static + α·tokens + reserve``, where tokens include the activations a chunk
-chain still holds: a chain runs forward over all its chunks before its backward (descending), so every earlier
-chunk not marked ``recompute`` keeps its micro-batch's activations until then — in every micro-batch up to the
-chain's last chunk, whether or not it holds a piece of the chain, each priced at the checkpointing it ran with;
-plus the stored K/V of the chain's earlier tokens, which every chunk (recomputed or not) leaves until the chain's
-last chunk, in every micro-batch between.
+Memory per rank is the cost model's ``static + α·tokens + reserve`` plus what unfinished chunk chains hold (their
+kept chunks' activations and their K/V store), walked micro-batch by micro-batch (sim/memory.py).
 A rank over the hardware's memory is an OOM.
 
 A step whose replicas are CP groups of several sizes (``Step.degrees``) times each replica at its own degree, and
@@ -44,6 +40,7 @@ from ..cost import CostModel
 from ..plan import MicroBatch, Plan, Step
 from ..progress import tick
 from .bounds import mixed_step_bound, step_lower_bound
+from .memory import ReplicaMemory
 from .pipeline import Item
 from .pipeline import schedule as pipeline_schedule
 
@@ -169,9 +166,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
         cost = costs[cp]
         sl = slice(first, first + cp)
         mb_times = []
-        # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
-        held: dict[int, dict[int, np.ndarray]] = {}
-        stored: dict[int, np.ndarray] = {}  # chain sample -> per rank, the K/V store of the tokens it has run
+        memory = ReplicaMemory(cost, cp, plan.effective_length)
         for mb in rep.micro_batches:
             time, local, dist, c, tokens, prefix = times(mb) if times else micro_batch_times(mb, cp, cost)
             mb_times.append(float(time.max()) if mb.pieces else 0.0)
@@ -179,26 +174,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
             compute[sl] += local + dist
             comm[sl] += c
             overlap[sl] += np.minimum(c, local)
-            chains = [p for p in mb.pieces if plan.is_chunk(p)]
-            if stored:  # chains whose pieces ran earlier; a chain with a piece here has its store in prefix
-                here = {p.sample for p in chains}
-                prefix = prefix + sum((kv for x, kv in stored.items() if x not in here), np.zeros(cp))
-            mem = _resident_bytes(cost, mb, tokens, prefix, held)
-            peak[sl] = np.maximum(peak[sl], mem)
-            for p in chains:
-                if p.stop == plan.effective_length(p.sample):
-                    held.pop(p.sample, None)  # last chunk: the chain's backward runs and frees it all
-                    stored.pop(p.sample, None)
-                    continue
-                if not mb.recompute:
-                    kept = held.setdefault(p.sample, {})
-                    kept[mb.ckpt_layers] = kept.get(mb.ckpt_layers, np.zeros(cp)) + tokens
-                kv = np.zeros(cp)  # every chunk, recomputed or not, leaves its K/V for the chain's later ones
-                if p.cp_rank is None or cp == 1:
-                    kv += p.stop / cp
-                else:
-                    kv[p.cp_rank] = p.stop
-                stored[p.sample] = kv
+            peak[sl] = np.maximum(peak[sl], memory.peak(mb, tokens, prefix))
         if cost.cfg.pp > 1:
             items = pipeline_items(rep.micro_batches, forward_seconds(rep.micro_batches, mb_times), plan)
             res = pipeline_schedule(items, cost.cfg.pp, k=kept_chunks(rep.micro_batches, plan))
@@ -221,20 +197,6 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
                       replica_s=tuple(replica_s), compute_s=tuple(compute.tolist()), comm_s=tuple(comm.tolist()),
                       overlap_s=tuple(overlap.tolist()), idle_s=tuple((slowest - busy).tolist()),
                       peak_mem_bytes=tuple(peak.tolist()), oom_ranks=oom)
-
-
-def _resident_bytes(cost: CostModel, mb: MicroBatch, tokens: np.ndarray, prefix: np.ndarray,
-                    held: dict[int, dict[int, np.ndarray]]) -> np.ndarray:
-    """Peak bytes per rank while ``mb`` runs: its own tokens and the K/V store ``prefix`` (its pieces' and that of
-    every unfinished chain) at its checkpointing, plus the activations every unfinished chain still holds — in
-    every micro-batch until the chain's last chunk, whether or not this one holds a piece of it — each priced at
-    the checkpointing its chunk ran with."""
-    same = sum((t for kept in held.values() for k, t in kept.items() if k == mb.ckpt_layers), np.zeros(tokens.size))
-    other = sum((cost.hw.fragmentation * cost.act_bytes_per_token(k) * t
-                 for kept in held.values() for k, t in kept.items() if k != mb.ckpt_layers), np.zeros(tokens.size))
-    if not mb.pieces and not held and not np.any(prefix):
-        return np.full(tokens.size, float(cost.memory_bytes(0.0)))
-    return np.asarray(cost.memory_bytes(tokens + same, mb.ckpt_layers, prefix), dtype=np.float64) + other
 
 
 def forward_seconds(mbs: tuple[MicroBatch, ...], times: list[float]) -> list[float]:

@@ -1,0 +1,85 @@
+"""What one rank of a replica holds in memory while each of its micro-batches runs, in the simulator's terms.
+
+A replica's micro-batches run in order. Per CP rank, the peak while micro-batch m runs is the cost model's
+``static + α(k_m)·(tokens_m + held) + K/V store + reserve`` (:meth:`CostModel.memory_bytes`), where
+
+* ``held`` is what unfinished chunk chains keep: a chain runs forward over all its chunks before its backward
+  (descending), so each earlier chunk not marked ``recompute`` keeps its whole micro-batch's activations — the
+  chain's piece and any sample beside it — until the chain's last chunk, each priced at the checkpointing it ran
+  with;
+* the K/V store is that of the earlier tokens of every unfinished chain (recomputed chunks leave theirs too), kept
+  until the chain's last chunk, in every micro-batch between.
+
+A chain's last chunk frees both. :class:`ReplicaMemory` walks a replica micro-batch by micro-batch; the simulator
+reports its peaks and planners read the room they leave. Cost: O(pieces + ranks · unfinished chains) per
+micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..cost import CostModel
+from ..plan import MicroBatch, Piece
+
+__all__ = ["ReplicaMemory"]
+
+
+class ReplicaMemory:
+    """The walk over one replica at CP degree ``cp``; ``length(sample)`` is the tokens the plan covers of it (a
+    piece is a chain's chunk when it is not the whole sample)."""
+
+    def __init__(self, cost: CostModel, cp: int, length: Callable[[int], int]) -> None:
+        self.cost, self.cp, self.length = cost, cp, length
+        # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
+        self.held: dict[int, dict[int, np.ndarray]] = {}
+        self.stored: dict[int, np.ndarray] = {}  # chain sample -> per rank, the K/V store of the tokens it has run
+
+    def is_chunk(self, p: Piece) -> bool:
+        return p.start > 0 or p.stop < self.length(p.sample)
+
+    def peak(self, mb: MicroBatch, tokens: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+        """Peak bytes per rank while ``mb`` runs (``tokens``, ``prefix``: its activation tokens and own pieces'
+        K/V prefix per rank, as :func:`~longpack.sim.simulate.micro_batch_times` gives them); then the walk moves
+        past it."""
+        chains = [p for p in mb.pieces if self.is_chunk(p)]
+        if self.stored:  # chains whose pieces ran earlier; a chain with a piece here has its store in prefix
+            here = {p.sample for p in chains}
+            prefix = prefix + sum((kv for x, kv in self.stored.items() if x not in here), np.zeros(self.cp))
+        mem = self._resident(mb, tokens, prefix)
+        for p in chains:
+            self._advance(mb, p, tokens)
+        return mem
+
+    def skip(self, mb: MicroBatch, tokens: np.ndarray) -> None:
+        """Move past ``mb`` without pricing it (what :meth:`peak` does after pricing)."""
+        for p in mb.pieces:
+            if self.is_chunk(p):
+                self._advance(mb, p, tokens)
+
+    def _advance(self, mb: MicroBatch, p: Piece, tokens: np.ndarray) -> None:
+        if p.stop == self.length(p.sample):
+            self.held.pop(p.sample, None)  # last chunk: the chain's backward runs and frees it all
+            self.stored.pop(p.sample, None)
+            return
+        if not mb.recompute:
+            kept = self.held.setdefault(p.sample, {})
+            kept[mb.ckpt_layers] = kept.get(mb.ckpt_layers, np.zeros(self.cp)) + tokens
+        kv = np.zeros(self.cp)  # every chunk, recomputed or not, leaves its K/V for the chain's later ones
+        if p.cp_rank is None or self.cp == 1:
+            kv += p.stop / self.cp
+        else:
+            kv[p.cp_rank] = p.stop
+        self.stored[p.sample] = kv
+
+    def _resident(self, mb: MicroBatch, tokens: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+        cost, held = self.cost, self.held
+        same = sum((t for kept in held.values() for k, t in kept.items() if k == mb.ckpt_layers), np.zeros(tokens.size))
+        other = sum((cost.hw.fragmentation * cost.act_bytes_per_token(k) * t
+                     for kept in held.values() for k, t in kept.items() if k != mb.ckpt_layers),
+                    np.zeros(tokens.size))
+        if not mb.pieces and not held and not np.any(prefix):
+            return np.full(tokens.size, float(cost.memory_bytes(0.0)))
+        return np.asarray(cost.memory_bytes(tokens + same, mb.ckpt_layers, prefix), dtype=np.float64) + other
