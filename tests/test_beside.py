@@ -2,17 +2,21 @@
 
 import numpy as np
 import pytest
-from helpers import make_cost, random_layout
+from helpers import make_cost
 
 from longpack import jobs
-from longpack.plan import MicroBatch, Piece, Plan, PlanError, Replica, Step
+from longpack.plan import MicroBatch, Piece, Plan, Replica, Step
 from longpack.planners.beside import fill_replica, fill_step
 from longpack.planners.packers import best_fit_dec
-from longpack.sim.simulate import simulate_step
+from longpack.sim.simulate import micro_batch_times, simulate_step
 
 
 def _count(step):
     return sum(1 for rep in step.replicas for mb in rep.micro_batches if mb.pieces)
+
+
+def _seconds(rep, cp, cost):
+    return sum(float(micro_batch_times(mb, cp, cost)[0].max()) for mb in rep.micro_batches if mb.pieces)
 
 
 def _samples(rep):
@@ -62,33 +66,61 @@ def test_memory_with_the_kv_store_counted_limits_the_room():
     assert [len(mb.pieces) for mb in moved] == [2, 1]
 
 
-@pytest.mark.parametrize("degrees", [[1, 1, 1, 1], [2, 2], [4]])
-def test_random_layouts_stay_valid_no_slower_to_memory_and_never_gain_micro_batches(degrees):
-    cost = make_cost("qwen2.5-0.5b", "h100", dp=4 // degrees[0], cp=degrees[0])
+def _layout(rng, d, replicas, cap):
+    """A one-step plan at CP degree ``d``: per replica a chain (its pieces in order, the earlier ones recomputed or
+    kept at random, the last short) and short samples, sharded or on a random rank, in micro-batches of one to
+    three, placed before, between and after the chain's pieces."""
+    lengths, reps, sample = {}, [], 0
+    for _ in range(replicas):
+        n = int(rng.integers(2, 4))
+        sizes = [int(x) for x in rng.integers(1, cap * d + 1, n - 1)] + [int(rng.integers(1, cap * d // 2))]
+        bounds = np.cumsum([0, *sizes]).tolist()
+        lengths[sample] = bounds[-1]
+        mbs = [MicroBatch((Piece(sample, a, b),), recompute=j < n - 1 and bool(rng.integers(0, 2)))
+               for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+        sample += 1
+        for _ in range(int(rng.integers(2, 7))):
+            group = []
+            for _ in range(int(rng.integers(1, 4))):
+                lengths[sample] = int(rng.integers(1, cap // 4))
+                rank = None if d > 1 and rng.random() < 0.5 else int(rng.integers(0, d))
+                group.append(Piece(sample, 0, lengths[sample], rank))
+                sample += 1
+            mbs.insert(int(rng.integers(0, len(mbs) + 1)), MicroBatch(tuple(group)))
+        reps.append(mbs)
+    depth = max(len(r) for r in reps)
+    step = Step(cp=d, token_cap=cap, replicas=tuple(Replica(tuple(r) + (MicroBatch(),) * (depth - len(r)))
+                                                    for r in reps))
+    return Plan("t", d * replicas, lengths, (step,))
+
+
+@pytest.mark.parametrize("d", [1, 2, 4])
+def test_random_layouts_stay_valid_within_memory_no_slower_and_never_gain_micro_batches(d):
+    cost = make_cost("qwen2.5-0.5b", "h100", dp=4 // d, cp=d)
     rng = np.random.default_rng(3)
-    done = 0
-    while done < 40:
-        plan = random_layout(rng, degrees, 400)
-        try:
-            plan.validate()
-        except PlanError:
-            continue
+    fewer = 0
+    for _ in range(30):
+        plan = _layout(rng, d, 4 // d, 400)
+        plan.validate()
         step = plan.steps[0]
-        filled = fill_step(step, cost, plan.effective_length)
-        new = Plan("t", plan.world, plan.lengths, (filled,))
-        new.validate()
-        assert _count(filled) <= _count(step)
-        for a, b in zip(step.replicas, filled.replicas, strict=True):
-            assert _samples(a) == _samples(b)
-        chain = [(p, mb.recompute) for rep in step.replicas for mb in rep.micro_batches for p in mb.pieces
-                 if plan.is_chunk(p)]
-        after = [(p, mb.recompute) for rep in filled.replicas for mb in rep.micro_batches for p in mb.pieces
-                 if plan.is_chunk(p)]
-        assert chain == after
-        before = simulate_step(0, step, plan, cost, bound=False)
-        report = simulate_step(0, filled, new, cost, bound=False)
-        assert max(report.peak_mem_bytes) <= max(max(before.peak_mem_bytes), cost.hw.memory_bytes)
-        done += 1
+        for recomputed in (False, True):
+            filled = fill_step(step, cost, plan.effective_length, recomputed=recomputed)
+            new = Plan("t", plan.world, plan.lengths, (filled,))
+            new.validate()
+            assert _count(filled) <= _count(step)
+            fewer += _count(filled) < _count(step)
+            for a, b in zip(step.replicas, filled.replicas, strict=True):
+                assert _samples(a) == _samples(b)
+                assert _seconds(b, d, cost) <= _seconds(a, d, cost) + 1e-12
+            chain = [(p, mb.recompute) for rep in step.replicas for mb in rep.micro_batches for p in mb.pieces
+                     if plan.is_chunk(p)]
+            after = [(p, mb.recompute) for rep in filled.replicas for mb in rep.micro_batches for p in mb.pieces
+                     if plan.is_chunk(p)]
+            assert chain == after
+            before = simulate_step(0, step, plan, cost, bound=False)
+            report = simulate_step(0, filled, new, cost, bound=False)
+            assert max(report.peak_mem_bytes) <= max(max(before.peak_mem_bytes), cost.hw.memory_bytes)
+    assert fewer >= 30, fewer  # the layouts exercise the fill, not only its refusals
 
 
 def _bfd_split_packs(lengths, batches, pack):

@@ -7,18 +7,21 @@ one replica, after its planner has placed everything:
 1. **Room.** Each micro-batch that holds no chain piece, or only chains' *last* pieces, offers per CP rank the
    smaller of the token cap's room and the memory's: what the rank can still add within the hardware while that
    micro-batch runs, its K/V store and what unfinished chains hold counted (sim/memory.py, the simulator's own
-   account). A micro-batch with an earlier piece of a chain offers none: what joins it would stay resident until
-   the chain's backward (a kept chunk) or run its forward twice (a recomputed one).
+   account). One with an earlier, kept piece of a chain offers none: what joins it would stay resident until the
+   chain's backward. One with a recomputed piece offers its room only when asked (``recomputed``): what joins it
+   runs its forward twice.
 2. **Empty micro-batches.** Chain-free micro-batches, the lightest first, are emptied where every one of their
    samples fits the room of the replica's other micro-batches: each sample, heaviest first, goes where it leaves
    the least room (best fit), keeping how it was placed — sharded over the group, or on its CP rank. A micro-batch
-   whose samples do not all fit stays as it was.
+   whose samples do not all fit, or whose emptying does not lower the simulated time of the micro-batches it
+   touches (a recomputed chunk runs what joins it twice), stays as it was.
 
 Guarantees: the replica keeps exactly its samples and tokens (the planner's balance across replicas stands), no
 chain piece moves (order and contiguity hold), no micro-batch or rank goes over the cap or, by the simulator's
-memory account, over memory, a ``rows`` limit on samples per micro-batch holds, and the count of micro-batches
-never rises. Deterministic (ties by position). Cost: O(m · s · m) per replica with a chain's last piece for m
-micro-batches of s samples; nothing where no chain ends.
+memory account, over memory, a ``rows`` limit on samples per micro-batch holds, the count of micro-batches never
+rises, and the sum of the replica's micro-batch times (its time with one pipeline stage) only falls.
+Deterministic (ties by position). Cost: O(m² · s) per replica holding a chain's last piece, for m micro-batches of
+s samples; nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 from ..cost import CostModel
 from ..plan import MicroBatch, Piece, Replica, Step
 from ..sim.memory import ReplicaMemory
+from ..sim.simulate import micro_batch_times
 
 __all__ = ["fill_replica", "fill_step"]
 
@@ -45,14 +49,20 @@ def fill_replica(mbs: Sequence[MicroBatch], cp: int, cap: int, cost: CostModel, 
     if not any(any(room[m]) for m in tails):
         return list(mbs)
     pieces = {m: list(mbs[m].pieces) for m in room}
+    sec = {m: _seconds(mbs[m], cp, cost) for m in room}
     alive = sorted(room)
     for x in sorted((m for m in room if m not in tails), key=lambda m: (sum(p.tokens for p in pieces[m]), m)):
         moves = _empty(x, pieces, room, alive, cp, rows)
         if moves is None:
             continue
+        grown = {m: replace(mbs[m], pieces=tuple(pieces[m] + [p for t, p in moves if t == m])) for m, _ in moves}
+        after = {m: _seconds(mb, cp, cost) for m, mb in grown.items()}
+        if sum(after.values()) >= sum(sec[m] for m in grown) + sec[x]:
+            continue  # the replica would not get faster
         for m, p in moves:
             room[m] = [r - w for r, w in zip(room[m], _weight(p, cp), strict=True)]
-            pieces[m].append(p)
+        for m, mb in grown.items():
+            pieces[m], sec[m] = list(mb.pieces), after[m]
         pieces[x] = []
         alive.remove(x)
     out = []
@@ -126,6 +136,11 @@ def _empty(x: int, pieces: dict[int, list[Piece]], room: dict[int, list[int]], a
         count[best] += 1
         moves.append((best, p))
     return moves
+
+
+def _seconds(mb: MicroBatch, cp: int, cost: CostModel) -> float:
+    """The simulator's time of ``mb`` at CP degree ``cp``: its slowest rank's."""
+    return float(micro_batch_times(mb, cp, cost)[0].max())
 
 
 def _weight(p: Piece, cp: int) -> list[int]:

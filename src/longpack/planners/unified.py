@@ -211,11 +211,15 @@ class Unified(Planner):
         beside those and recomputed chunks (planners/beside.py): the fastest of the three in the simulator (ties:
         the fewer micro-batches; a recomputed chunk runs what joins it twice)."""
         step = layout.step()
+        filled = [f for f in (fill_step(step, layout.cost, lengths.__getitem__, recomputed=r) for r in (False, True))
+                  if f.replicas != step.replicas]
+        if not filled:
+            return step
+        if len(filled) == 2 and filled[0].replicas == filled[1].replicas:
+            filled = filled[1:]
         best = (self._score(layout, lengths, ctx, step), 0, step)
-        for n, recomputed in enumerate((False, True), start=1):
-            filled = fill_step(step, layout.cost, lengths.__getitem__, recomputed=recomputed)
-            if filled.replicas != step.replicas:
-                best = min(best, (self._score(layout, lengths, ctx, filled), -n, filled), key=lambda t: t[:2])
+        for n, f in enumerate(filled, start=1):
+            best = min(best, (self._score(layout, lengths, ctx, f), -n, f), key=lambda t: t[:2])
         return best[2]
 
     # --- the search space -------------------------------------------------------------------------------------
