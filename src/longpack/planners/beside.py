@@ -13,8 +13,9 @@ one replica, after its planner has placed everything:
 2. **Empty micro-batches.** Chain-free micro-batches, the lightest first, are emptied where every one of their
    samples fits the room of the replica's other micro-batches: each sample, heaviest first, goes where it leaves
    the least room (best fit), keeping how it was placed — sharded over the group, or on its CP rank. A micro-batch
-   whose samples do not all fit, or whose emptying does not lower the simulated time of the micro-batches it
-   touches (a recomputed chunk runs what joins it twice), stays as it was.
+   whose samples do not all fit stays as it was; so does one that would put samples beside a recomputed chunk
+   (which runs them twice) unless the micro-batches it touches then get faster in the simulator. Merging work
+   elsewhere only sheds per-micro-batch costs (launches, the small-GEMM loss, the exchange's latency floor).
 
 Guarantees: the replica keeps exactly its samples and tokens (the planner's balance across replicas stands), no
 chain piece moves (order and contiguity hold), no micro-batch or rank goes over the cap or, by the simulator's
@@ -49,20 +50,32 @@ def fill_replica(mbs: Sequence[MicroBatch], cp: int, cap: int, cost: CostModel, 
     if not any(any(room[m]) for m in tails):
         return list(mbs)
     pieces = {m: list(mbs[m].pieces) for m in room}
-    sec = {m: _seconds(mbs[m], cp, cost) for m in room}
+    sec: dict[int, float] = {}  # simulated seconds of the micro-batches a trial touched, as they now are
+
+    def seconds(m: int) -> float:
+        if m not in sec:
+            sec[m] = _seconds(replace(mbs[m], pieces=tuple(pieces[m])), cp, cost)
+        return sec[m]
+
     alive = sorted(room)
     for x in sorted((m for m in room if m not in tails), key=lambda m: (sum(p.tokens for p in pieces[m]), m)):
         moves = _empty(x, pieces, room, alive, cp, rows)
         if moves is None:
             continue
         grown = {m: replace(mbs[m], pieces=tuple(pieces[m] + [p for t, p in moves if t == m])) for m, _ in moves}
-        after = {m: _seconds(mb, cp, cost) for m, mb in grown.items()}
-        if sum(after.values()) >= sum(sec[m] for m in grown) + sec[x]:
-            continue  # the replica would not get faster
+        # merged work only sheds per-micro-batch costs, but what joins a recomputed chunk runs twice: such an
+        # emptying is kept only where the micro-batches it touches get faster in the simulator
+        after = {m: _seconds(mb, cp, cost) for m, mb in grown.items()} if any(
+            mb.recompute for mb in grown.values()) else {}
+        if after and sum(after.values()) >= sum(seconds(m) for m in after) + seconds(x):
+            continue
         for m, p in moves:
             room[m] = [r - w for r, w in zip(room[m], _weight(p, cp), strict=True)]
         for m, mb in grown.items():
-            pieces[m], sec[m] = list(mb.pieces), after[m]
+            pieces[m] = list(mb.pieces)
+            sec.pop(m, None)
+            if m in after:
+                sec[m] = after[m]
         pieces[x] = []
         alive.remove(x)
     out = []
