@@ -200,7 +200,6 @@ def place_chains(batch: Batch, replicas: list[list[MicroBatch]], ctx: PlanContex
     from .beside import fill_replica
 
     load = [sum(mb.tokens for mb in r) for r in replicas]
-    length = dict(zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)).__getitem__
     holding: set[int] = set()
     for i in batch.chains.tolist():
         target = min(range(len(replicas)), key=lambda r: (load[r], r))
@@ -209,7 +208,10 @@ def place_chains(batch: Batch, replicas: list[list[MicroBatch]], ctx: PlanContex
                                                pad_to=p.stop - p.start if pad else 0))
         load[target] += int(batch.lengths[i])
         holding.add(target)
-    for r in sorted(holding) if not pad and rows != 1 else ():
+    if pad or rows == 1 or not holding:
+        return
+    length = dict(zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)).__getitem__
+    for r in sorted(holding):
         replicas[r][:] = fill_replica(replicas[r], ctx.cp, ctx.token_cap, ctx.cost, length, rows)
 
 

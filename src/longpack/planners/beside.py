@@ -113,13 +113,7 @@ def _rooms(mbs: Sequence[MicroBatch], cp: int, cap: int, cost: CostModel, length
             if not (mb.pad_to or chunks or not mb.pieces):
                 room[m] = [0] * cp  # full, yet it may still be emptied into the others' room
             continue
-        tokens, prefix = np.asarray(held, dtype=np.float64), np.zeros(cp)
-        for p in chunks:
-            if p.cp_rank is None or cp == 1:
-                prefix += p.start / cp
-            else:
-                prefix[p.cp_rank] += p.start
-        peak = memory.peak(mb, tokens, prefix)
+        peak = memory.peak(mb, np.asarray(held, dtype=np.float64), memory.prefix(mb))
         per_token = cost.hw.fragmentation * cost.act_bytes_per_token(mb.ckpt_layers)
         free = [min(cap - t, int((cost.hw.memory_bytes - b) // per_token)) for t, b in zip(held, peak, strict=True)]
         room[m] = [max(0, f) for f in free]

@@ -67,12 +67,25 @@ class ReplicaMemory:
         if not mb.recompute:
             kept = self.held.setdefault(p.sample, {})
             kept[mb.ckpt_layers] = kept.get(mb.ckpt_layers, np.zeros(self.cp)) + tokens
-        kv = np.zeros(self.cp)  # every chunk, recomputed or not, leaves its K/V for the chain's later ones
+        self.stored[p.sample] = self._spread(p, p.stop)  # every chunk, recomputed or not, leaves its K/V
+
+    def prefix(self, mb: MicroBatch) -> np.ndarray:
+        """Per rank, the K/V prefix of ``mb``'s own chunks (what :func:`~longpack.sim.simulate.micro_batch_times`
+        gives as its prefix)."""
+        out = np.zeros(self.cp)
+        for p in mb.pieces:
+            if self.is_chunk(p):
+                out += self._spread(p, p.start)
+        return out
+
+    def _spread(self, p: Piece, tokens: int) -> np.ndarray:
+        """``tokens`` of ``p``'s sample as its ranks hold them: an equal share on each when sharded, else on its own."""
+        out = np.zeros(self.cp)
         if p.cp_rank is None or self.cp == 1:
-            kv += p.stop / self.cp
+            out += tokens / self.cp
         else:
-            kv[p.cp_rank] = p.stop
-        self.stored[p.sample] = kv
+            out[p.cp_rank] = tokens
+        return out
 
     def _resident(self, mb: MicroBatch, tokens: np.ndarray, prefix: np.ndarray) -> np.ndarray:
         cost, held = self.cost, self.held
