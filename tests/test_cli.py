@@ -59,6 +59,8 @@ def test_bench_planning_json():
     data = json.loads(run("bench", "planning", "--planner", "fixed_cp", "--workload", "wikipedia-cn", "--samples",
                           "5000", "--json").stdout)
     assert data["seconds"] > 0 and data["peak_mib"] > 0
+    assert data["numpy_sort_seconds"] > 0 and data["vs_numpy_sort"] == pytest.approx(
+        data["seconds"] / data["numpy_sort_seconds"])
 
 
 def test_overlong_counts_reported(tmp_path):

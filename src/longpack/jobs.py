@@ -316,7 +316,9 @@ def length_stats(lengths: np.ndarray) -> dict[str, Any]:
 
 
 def bench_planning(planner: str, spec: RunSpec) -> dict[str, Any]:
-    """Plan a full epoch of the workload: wall seconds (untraced run) and peak traced MiB (second run)."""
+    """Plan a full epoch of the workload: wall seconds (untraced run), the same in units of ``numpy.sort`` of the
+    same lengths timed in the same process just before (``vs_numpy_sort``, steadier than seconds on a loaded
+    machine), and peak traced MiB (second run)."""
     lengths, default_max_len = load_workload(spec)
     cost = build_cost(spec)
     spec = check_batch(spec, len(lengths))
@@ -326,6 +328,9 @@ def bench_planning(planner: str, spec: RunSpec) -> dict[str, Any]:
     ctx = PlanContext(cost=cost, seed=spec.seed, options=dict(spec.options))
     max_len = spec.max_len if spec.max_len is not None else default_max_len
     t0 = time.perf_counter()
+    np.sort(lengths)
+    sort_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
     plan = p.plan(lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
     seconds = time.perf_counter() - t0
     del plan
@@ -333,4 +338,5 @@ def bench_planning(planner: str, spec: RunSpec) -> dict[str, Any]:
     p.plan(lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return {"planner": planner, "samples": int(len(lengths)), "seconds": seconds, "peak_mib": peak / 2**20}
+    return {"planner": planner, "samples": int(len(lengths)), "seconds": seconds, "peak_mib": peak / 2**20,
+            "numpy_sort_seconds": sort_seconds, "vs_numpy_sort": seconds / max(sort_seconds, 1e-9)}

@@ -103,6 +103,11 @@ class Planner:
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         raise NotImplementedError
 
+    def plan_many(self, batches: Sequence[Batch], ctx: PlanContext) -> Sequence[Step]:
+        """The steps of ``batches``, equal to :meth:`plan_batch` of each; a planner that can plan many batches
+        at once (in columns, :mod:`longpack.columns`) overrides this."""
+        return tuple(self.plan_batch(b, ctx) for b in batches)
+
     def plan(self, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
              max_len: int | None = None, overlong: str = "split") -> Plan:
         return make_plan(self, lengths, batches, ctx, max_len=max_len, overlong=overlong)

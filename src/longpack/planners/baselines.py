@@ -42,6 +42,7 @@ import numpy as np
 
 from ..plan import MicroBatch, make_pieces
 from .base import Batch, PlanContext, Planner, assemble_step, place_chains, register
+from .columnar import fixed_cp_steps, isf_steps
 from .packers import PACKERS, next_fit
 
 __all__ = ["RandomPadded", "Sorted", "PackedBaseline", "FixedCP", "OneSeq"]
@@ -164,10 +165,20 @@ class PackedBaseline(Planner):
 
 @register
 class ISF(PackedBaseline):
-    """Naive packing with ISF (OmniBal iterative sampling and filtering), HBP's baseline packer."""
+    """Naive packing with ISF (OmniBal iterative sampling and filtering), HBP's baseline packer, planned in
+    columns for many batches at once (planners/columnar.py); its packs are shuffled by counter-keyed sorts
+    (planners/isf_rows.py) rather than numpy's Generator, so every batch plans alike alone or with the run."""
 
     name, packer = "isf", "isf"
     options = ("pack_len", "isf_iters")
+
+    def plan_batch(self, batch: Batch, ctx: PlanContext):
+        return self.plan_many([batch], ctx)[0]
+
+    def plan_many(self, batches, ctx: PlanContext):
+        piece_len = batches[0].piece_len if batches else 1
+        pack_cap = min(ctx.token_cap, -(-int(ctx.option("pack_len", piece_len)) // ctx.cp))
+        return isf_steps(batches, ctx, pack_cap, int(ctx.option("isf_iters", 10)))
 
 
 @register
@@ -214,6 +225,9 @@ class FixedCP(Planner):
             replicas.append([_sharded(batch, [int(part[i]) for i in b], ctx.ckpt_layers) for b in bins])
         place_chains(batch, replicas, ctx, rows=ctx.option("micro_batch_size", 0))
         return assemble_step(replicas, cp=cp, token_cap=cap)
+
+    def plan_many(self, batches, ctx: PlanContext):
+        return fixed_cp_steps(batches, ctx, int(ctx.option("micro_batch_size", 0)))
 
 
 @register

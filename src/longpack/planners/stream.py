@@ -9,7 +9,8 @@ the coverage of its own samples, :meth:`Plan.validate_steps`) as it is made.
 A step is a pure function of its global batch, the plan context and the seed, so every rank streaming the same run
 gets the same steps in the same order. A planner that lays out the whole run at once (one that overrides
 :meth:`Planner.plan`, such as HBP's global packing and ordering) is planned whole when the stream is made, and its
-steps are then handed out in order. :func:`make_plan` is a stream run to its end.
+steps are then handed out in order. :func:`make_plan` is a stream whose steps are all planned at once
+(:meth:`PlanStream.rest`), equal to the steps one at a time.
 
 Cost: the header is O(samples of the run); each step costs its planner's ``plan_batch``, plus O(its pieces) to
 validate.
@@ -22,6 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..columns import Lengths, StepColumns
 from ..plan import Plan, Step
 from ..progress import tick
 from .base import Batch, PlanContext, Planner, apply_overlong
@@ -57,8 +59,11 @@ class PlanStream:
         if split_len is not None:
             piece_len = min(piece_len, split_len)
         self._eff, self._piece_len, self._split_len = eff, piece_len, split_len
-        kept = [(i, ids[eff[ids] > 0]) for i, ids in enumerate(batches)]
-        self._todo = [(i, keep) for i, keep in kept if keep.size]
+        if bool(np.all(eff[scope] > 0)):
+            self._todo = [(i, ids) for i, ids in enumerate(batches) if ids.size]
+        else:
+            kept = [(i, ids[eff[ids] > 0]) for i, ids in enumerate(batches)]
+            self._todo = [(i, keep) for i, keep in kept if keep.size]
         tick("planned", len(batches) - len(self._todo))  # batches with nothing left to train
         meta = {"seed": ctx.seed, "dp": ctx.dp, "cp": ctx.cp, "tp": ctx.cost.cfg.tp, "pp": ctx.cost.cfg.pp,
                 "model": ctx.cost.model.name, "hardware": ctx.cost.hw.name, "token_cap": cap,
@@ -67,7 +72,7 @@ class PlanStream:
                              "split_len": split_len, "dropped": len(dropped)}}
         self._steps: list[Step] = []  # the plan's own list, grown by next_step
         self.plan = Plan(planner=planner.name, world=ctx.world, steps=self._steps, truncated=truncated, dropped=dropped,
-                         lengths=dict(zip(scope.tolist(), lengths[scope].tolist(), strict=True)), meta=meta)
+                         lengths=Lengths(scope, lengths[scope]), meta=meta)
 
     def __len__(self) -> int:
         """The run's step count (known before any step is planned)."""
@@ -79,24 +84,35 @@ class PlanStream:
             raise IndexError(f"all {len(self)} steps of the run are planned")
         s = self.made
         if not self.whole:
-            i, keep = self._todo[s]
-            step = self.planner.plan_batch(Batch(i, keep, self._eff[keep], self._piece_len, self._split_len),
-                                           self.ctx)
+            step = self.planner.plan_batch(self._batch(s), self.ctx)
             self._steps.append(step)
             tick("planned")
             if self.validate:
-                self.plan.validate_steps([s], keep.tolist())
+                self.plan.validate_steps([s], self._todo[s][1].tolist())
         self.made += 1
         return self.plan.steps[s]
+
+    def _batch(self, s: int) -> Batch:
+        i, keep = self._todo[s]
+        return Batch(i, keep, self._eff[keep], self._piece_len, self._split_len)
+
+    def rest(self) -> Plan:
+        """The plan with every step not yet made planned at once (:meth:`Planner.plan_many`): steps in a tuple, or
+        in columns where the planner makes them so; not validated."""
+        if self.whole:
+            return self.plan
+        todo = [self._batch(s) for s in range(self.made, len(self))]
+        steps = self.planner.plan_many(todo, self.ctx)
+        tick("planned", len(todo))
+        self.made = len(self)
+        if not self._steps:
+            return replace(self.plan, steps=steps if isinstance(steps, StepColumns) else tuple(steps))
+        return replace(self.plan, steps=tuple(self._steps) + tuple(steps))
 
 
 def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
               max_len: int | None = None, overlong: str = "split") -> Plan:
     """Run ``planner`` over ``batches`` of sample ids with the shared over-long policy (planners/base.py): the
-    whole plan, with its steps in a tuple; not validated (``Plan.validate`` checks it whole)."""
-    stream = PlanStream(planner, lengths, batches, ctx, max_len=max_len, overlong=overlong, validate=False)
-    if stream.whole:
-        return stream.plan
-    for _ in range(len(stream)):
-        stream.next_step()
-    return replace(stream.plan, steps=tuple(stream.plan.steps))
+    whole plan, its steps planned at once by :meth:`Planner.plan_many` (a tuple, or columns where the planner
+    makes them: :mod:`longpack.columns`); not validated (``Plan.validate`` checks it whole)."""
+    return PlanStream(planner, lengths, batches, ctx, max_len=max_len, overlong=overlong, validate=False).rest()
