@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
-from .plan import MicroBatch, Replica, Step, make_pieces
+from .plan import MicroBatch, Piece, Replica, Step, make_pieces
 
 __all__ = ["StepColumns", "Lengths", "PIECE_COLUMNS"]
 
@@ -107,12 +107,15 @@ class StepColumns(Sequence[Step]):
         return Step(cp=cp, token_cap=int(self.token_cap[i]), replicas=tuple(Replica(tuple(g)) for g in grid))
 
 
-def _pieces(c: Mapping[str, list[int]], j: int, k: int) -> tuple[Any, ...]:
+def _pieces(c: Mapping[str, list[int]], j: int, k: int) -> tuple[Piece, ...]:
     ranks = c["rank"][j:k]
     if all(r < 0 for r in ranks):
         return make_pieces(c["sample"][j:k], c["start"][j:k], c["stop"][j:k], None)
-    return tuple(p for q in range(j, k) for p in make_pieces(
-        [c["sample"][q]], [c["start"][q]], [c["stop"][q]], None if c["rank"][q] < 0 else c["rank"][q]))
+    return tuple([_new(Piece, (s, a, b, None if r < 0 else r))
+                  for s, a, b, r in zip(c["sample"][j:k], c["start"][j:k], c["stop"][j:k], ranks, strict=True)])
+
+
+_new = tuple.__new__
 
 
 class Lengths(Mapping[int, int]):

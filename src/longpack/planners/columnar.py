@@ -18,6 +18,7 @@ Cost: O(batches · width · log width) for the sorts and O(pieces) for the colum
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,10 +26,23 @@ from ..columns import PIECE_COLUMNS, StepColumns
 from .base import Batch, PlanContext, assemble_step, place_chains
 from .isf_rows import isf_rows, next_fit_rows, row_order
 
-__all__ = ["Rows", "isf_steps", "fixed_cp_steps"]
+__all__ = ["Rows", "Placed", "plan_rows", "isf_steps", "fixed_cp_steps"]
 
 BLOCK = 1 << 16  # samples per block of rows
-Layout = Callable[["Rows"], tuple[np.ndarray, np.ndarray, np.ndarray]]  # rows -> replica, micro, depth
+
+
+class Placed(NamedTuple):
+    """Where a block's entries go: ``replica``, ``micro`` and ``rank`` (a CP rank, −1 sharded; None: all sharded)
+    per entry, ``within`` its order inside its micro-batch (None: position in the batch), ``depth`` per row."""
+
+    replica: np.ndarray
+    micro: np.ndarray
+    depth: np.ndarray
+    rank: np.ndarray | None = None
+    within: np.ndarray | None = None
+
+
+Layout = Callable[["Rows"], Placed]
 
 
 class Rows:
@@ -48,7 +62,8 @@ class Rows:
             self.samples[self.mask] = np.concatenate([b.samples for b in part])
 
 
-def _plan(batches: Sequence[Batch], ctx: PlanContext, layout: Layout, rows_limit: int) -> StepColumns:
+def plan_rows(batches: Sequence[Batch], ctx: PlanContext, layout: Layout, rows_limit: int,
+              block: int = BLOCK) -> StepColumns:
     """Steps of ``batches`` laid out by ``layout`` block by block, then the chained batches' chains placed."""
     chained = [i for i, b in enumerate(batches) if b.lengths.size and int(b.lengths.max()) > b.piece_len]
     parts = list(batches)
@@ -59,14 +74,15 @@ def _plan(batches: Sequence[Batch], ctx: PlanContext, layout: Layout, rows_limit
     depth = np.zeros(n, dtype=np.int64)
     total = sum(b.samples.size for b in parts)
     cols = {k: np.empty(total, dtype=np.int32) for k in PIECE_COLUMNS}
-    step, at = max(1, BLOCK // max(1, max((b.samples.size for b in parts), default=1))), 0
+    step, at = max(1, block // max(1, max((b.samples.size for b in parts), default=1))), 0
     for lo in range(0, n, step):
         rows = Rows(parts, lo, min(n, lo + step))
-        replica, micro, depth[lo:lo + step] = layout(rows)
-        block = _pieces(rows, lo, replica, micro)
-        for k, v in block.items():
+        placed = layout(rows)
+        depth[lo:lo + step] = placed.depth
+        out = _pieces(rows, lo, placed)
+        for k, v in out.items():
             cols[k][at:at + v.size] = v
-        at += block["step"].size
+        at += out["step"].size
     steps = StepColumns(cols, cp=np.full(n, ctx.cp), token_cap=np.full(n, ctx.token_cap),
                         replicas=np.full(n, ctx.dp), depth=depth, ckpt=np.full(n, ctx.ckpt_layers))
     for i in chained:
@@ -76,12 +92,14 @@ def _plan(batches: Sequence[Batch], ctx: PlanContext, layout: Layout, rows_limit
     return steps
 
 
-def _pieces(rows: Rows, first: int, replica: np.ndarray, micro: np.ndarray) -> dict[str, np.ndarray]:
-    """Piece columns of a block whose first row is step ``first``: every entry at (replica, micro), ordered by
-    step, replica, micro and position."""
+def _pieces(rows: Rows, first: int, placed: Placed) -> dict[str, np.ndarray]:
+    """Piece columns of a block whose first row is step ``first``: every entry where ``placed`` puts it, ordered
+    by step, replica, micro and order within."""
     width = max(rows.width, 1)
-    key = np.where(rows.mask, (replica * (int(micro.max(initial=0)) + 1) + micro) * width
-                   + np.arange(rows.width)[None, :], np.iinfo(np.int64).max)
+    replica, micro = placed.replica, placed.micro
+    within = np.arange(rows.width)[None, :] if placed.within is None else placed.within
+    key = np.where(rows.mask, (replica * (int(micro.max(initial=0)) + 1) + micro) * width + within,
+                   np.iinfo(np.int64).max)
     order = np.argsort(key, axis=1)
     at = (order + (np.arange(order.shape[0]) * width)[:, None])[np.take_along_axis(rows.mask, order, axis=1)]
 
@@ -91,14 +109,15 @@ def _pieces(rows: Rows, first: int, replica: np.ndarray, micro: np.ndarray) -> d
     stop = col(rows.lengths)
     if stop.size and max(int(stop.max()), int(rows.samples.max())) > np.iinfo(np.int32).max:
         raise ValueError("a sample id or length beyond 2^31 - 1 does not fit the plan's int32 columns")
+    rank = np.full(stop.size, -1, dtype=np.int32) if placed.rank is None else col(placed.rank)
     return {"step": at // width + first, "replica": col(replica), "micro": col(micro), "sample": col(rows.samples),
-            "start": np.zeros(stop.size, dtype=np.int32), "stop": stop, "rank": np.full(stop.size, -1, dtype=np.int32)}
+            "start": np.zeros(stop.size, dtype=np.int32), "stop": stop, "rank": rank}
 
 
 def isf_steps(batches: Sequence[Batch], ctx: PlanContext, pack_cap: int, iters: int) -> StepColumns:
     """The ISF baseline's steps for ``batches`` (rank weights ceil(len/cp) packed to ``pack_cap``)."""
 
-    def layout(rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def layout(rows: Rows) -> Placed:
         weights = -(-rows.lengths // ctx.cp)
         if weights.size and int(weights.max()) > pack_cap:
             r, c = np.unravel_index(int(np.argmax(weights)), weights.shape)
@@ -108,9 +127,9 @@ def isf_steps(batches: Sequence[Batch], ctx: PlanContext, pack_cap: int, iters: 
         label, made = isf_rows(weights, rows.counts, pack_cap, seeds,
                                threshold=pack_cap - min(128, pack_cap // 32), iters=iters)
         rank = np.take_along_axis(row_order(seeds, made), np.maximum(label, 0), axis=1)
-        return rank % ctx.dp, rank // ctx.dp, -(-made // ctx.dp)
+        return Placed(rank % ctx.dp, rank // ctx.dp, -(-made // ctx.dp))
 
-    return _plan(batches, ctx, layout, 0)
+    return plan_rows(batches, ctx, layout, 0)
 
 
 def fixed_cp_steps(batches: Sequence[Batch], ctx: PlanContext, max_items: int) -> StepColumns:
@@ -119,7 +138,7 @@ def fixed_cp_steps(batches: Sequence[Batch], ctx: PlanContext, max_items: int) -
     (0: no limit)."""
     dp = ctx.dp
 
-    def layout(rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def layout(rows: Rows) -> Placed:
         small, extra = rows.counts // dp, rows.counts % dp
         r = np.arange(dp)[None, :]
         first = r * small[:, None] + np.minimum(r, extra[:, None])  # (rows, dp) slice starts
@@ -134,6 +153,6 @@ def fixed_cp_steps(batches: Sequence[Batch], ctx: PlanContext, max_items: int) -
                              ctx.token_cap, max_items)
         micro = np.where(rows.mask, bins[sub_row, np.maximum(local, 0)], 0)
         depth = (bins.max(axis=1, initial=-1).reshape(-1, dp) + 1).max(axis=1, initial=0)
-        return replica, micro, depth
+        return Placed(replica, micro, depth)
 
-    return _plan(batches, ctx, layout, max_items)
+    return plan_rows(batches, ctx, layout, max_items)

@@ -181,6 +181,16 @@ class Skrull(Planner):
         place_chains(batch, replicas, ctx)
         return assemble_step(replicas, cp=cp, token_cap=cap)
 
+    def plan_many(self, batches, ctx: PlanContext):
+        """Skrull (DACP, LPT) plans many batches at once in columns (planners/skrull_rows.py), equal to
+        :meth:`plan_batch` of each; round-robin and Karmarkar-Karp plan one batch at a time."""
+        rollback = ctx.option("rollback", "shortest")
+        if self.draw_order or ctx.option("partition", "lpt") == "kk" or rollback not in ROLLBACKS:
+            return super().plan_many(batches, ctx)
+        from .skrull_rows import skrull_steps
+
+        return skrull_steps(batches, ctx, rollback)
+
     def _micro_batches(self, batch: Batch, pos: np.ndarray, t_local: np.ndarray, t_shard: np.ndarray,
                        ctx: PlanContext, rollback: str) -> list[MicroBatch]:
         """GDS step 2: the fewest strided micro-batches for which every slice fits and DACP succeeds."""
