@@ -183,9 +183,10 @@ class Skrull(Planner):
 
     def plan_many(self, batches, ctx: PlanContext):
         """Skrull (DACP, LPT) plans many batches at once in columns (planners/skrull_rows.py), equal to
-        :meth:`plan_batch` of each; round-robin and Karmarkar-Karp plan one batch at a time."""
+        :meth:`plan_batch` of each; one batch alone (its fixed cost is a few ms), round-robin and Karmarkar-Karp
+        plan one batch at a time."""
         rollback = ctx.option("rollback", "shortest")
-        if self.draw_order or ctx.option("partition", "lpt") == "kk" or rollback not in ROLLBACKS:
+        if len(batches) < 2 or self.draw_order or ctx.option("partition", "lpt") == "kk" or rollback not in ROLLBACKS:
             return super().plan_many(batches, ctx)
         from .skrull_rows import skrull_steps
 
