@@ -142,19 +142,26 @@ class PackedBaseline(Planner):
 
     packer = ""
 
+    @staticmethod
+    def pack_cap(ctx: PlanContext, piece_len: int) -> int:
+        """Per rank, a pack of pack_len tokens sharded over cp holds ceil(pack_len / cp) (a sample exactly at an
+        odd limit must fit), within the token cap."""
+        return min(ctx.token_cap, -(-int(ctx.option("pack_len", piece_len)) // ctx.cp))
+
+    @staticmethod
+    def too_short(ctx: PlanContext, piece_len: int, sample: int) -> ValueError:
+        """The one-line refusal of a pack length shorter than ``sample``."""
+        return ValueError(f"--pack-len {ctx.option('pack_len', piece_len)}: shorter than sample {sample}; raise it "
+                          "or lower --max-len")
+
     def plan_batch(self, batch: Batch, ctx: PlanContext):
         cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
-        # per rank, a pack of pack_len tokens sharded over cp holds ceil(pack_len / cp) (a sample exactly at an odd
-        # limit must fit)
-        pack_cap = min(cap, -(-int(ctx.option("pack_len", batch.piece_len)) // cp))
+        pack_cap = self.pack_cap(ctx, batch.piece_len)
         whole = batch.whole
         weights = _rank_weights(batch.lengths[whole], cp)
         if weights.size and int(weights.max()) > pack_cap:
-            raise ValueError(f"--pack-len {ctx.option('pack_len', batch.piece_len)}: shorter than sample "
-                             f"{int(batch.samples[whole[int(np.argmax(weights))]])}; raise it or lower --max-len")
-        fn = PACKERS[self.packer]
-        kwargs = {"seed": ctx.seed + batch.index, "iters": ctx.option("isf_iters", 10)} if self.packer == "isf" else {}
-        bins = fn(weights, pack_cap, **kwargs) if weights.size else []
+            raise self.too_short(ctx, batch.piece_len, int(batch.samples[whole[int(np.argmax(weights))]]))
+        bins = PACKERS[self.packer](weights, pack_cap) if weights.size else []
         rng = np.random.default_rng([ctx.seed, batch.index])
         bins = [bins[j] for j in rng.permutation(len(bins))]
         mbs = [_sharded(batch, [int(whole[i]) for i in b], ctx.ckpt_layers) for b in bins]
@@ -177,8 +184,8 @@ class ISF(PackedBaseline):
 
     def plan_many(self, batches, ctx: PlanContext):
         piece_len = batches[0].piece_len if batches else 1
-        pack_cap = min(ctx.token_cap, -(-int(ctx.option("pack_len", piece_len)) // ctx.cp))
-        return isf_steps(batches, ctx, pack_cap, int(ctx.option("isf_iters", 10)))
+        return isf_steps(batches, ctx, self.pack_cap(ctx, piece_len), int(ctx.option("isf_iters", 10)),
+                         lambda sample: self.too_short(ctx, piece_len, sample))
 
 
 @register

@@ -65,7 +65,7 @@ class Rows:
 def plan_rows(batches: Sequence[Batch], ctx: PlanContext, layout: Layout, rows_limit: int,
               block: int = BLOCK) -> StepColumns:
     """Steps of ``batches`` laid out by ``layout`` block by block, then the chained batches' chains placed."""
-    chained = [i for i, b in enumerate(batches) if b.lengths.size and int(b.lengths.max()) > b.piece_len]
+    chained = [i for i, b in enumerate(batches) if b.chains.size]
     parts = list(batches)
     for i in chained:
         b, whole = batches[i], batches[i].whole
@@ -114,15 +114,16 @@ def _pieces(rows: Rows, first: int, placed: Placed) -> dict[str, np.ndarray]:
             "start": np.zeros(stop.size, dtype=np.int32), "stop": stop, "rank": rank}
 
 
-def isf_steps(batches: Sequence[Batch], ctx: PlanContext, pack_cap: int, iters: int) -> StepColumns:
-    """The ISF baseline's steps for ``batches`` (rank weights ceil(len/cp) packed to ``pack_cap``)."""
+def isf_steps(batches: Sequence[Batch], ctx: PlanContext, pack_cap: int, iters: int,
+              too_short: Callable[[int], Exception]) -> StepColumns:
+    """The ISF baseline's steps for ``batches`` (rank weights ceil(len/cp) packed to ``pack_cap``; a sample
+    heavier than that raises ``too_short(sample)``)."""
 
     def layout(rows: Rows) -> Placed:
         weights = -(-rows.lengths // ctx.cp)
         if weights.size and int(weights.max()) > pack_cap:
             r, c = np.unravel_index(int(np.argmax(weights)), weights.shape)
-            raise ValueError(f"--pack-len {ctx.option('pack_len', batches[0].piece_len)}: shorter than sample "
-                             f"{int(rows.samples[r, c])}; raise it or lower --max-len")
+            raise too_short(int(rows.samples[r, c]))
         seeds = ctx.seed + rows.index
         label, made = isf_rows(weights, rows.counts, pack_cap, seeds,
                                threshold=pack_cap - min(128, pack_cap // 32), iters=iters)

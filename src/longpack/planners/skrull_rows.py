@@ -72,12 +72,12 @@ def _gds(rows: Rows, ctx: PlanContext, rollback: str) -> Placed:
     row = np.repeat(np.arange(n_rows), dp)[:, None]
     real = np.arange(wr)[None, :] < n[:, None]
     lengths = np.where(real, rows.lengths[row, pos], 0)
+    local, shard = t_local[row, pos], t_shard[row, pos]  # per replica slot, as ``lengths``
     m = np.maximum(1, -(-(-(-lengths // cp)).sum(axis=1) // cap))
     where = np.full(lengths.shape, -1, dtype=np.int64)
     pending = np.flatnonzero(n > 0)
     while pending.size:
-        ok = _try(pending, m[pending], n[pending], lengths, t_local[row, pos], t_shard[row, pos], where, cap, cp,
-                  rollback)
+        ok = _try(pending, m[pending], n[pending], lengths, local, shard, where, cap, cp, rollback)
         m[pending[~ok]] += 1
         pending = pending[~ok]
     slot = np.empty((n_rows * dp, width), dtype=np.int64)  # entry -> its slot in its replica's ascending order
