@@ -126,7 +126,9 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     needs (its micro-batch) recomputes ~40% of that micro-batch's forward; a two-piece chain whose head (what the
     ranks cannot hold, plus room for the head's K/V) is recomputed costs less, and the planner takes it."""
     from longpack.planners.base import Batch
-    from longpack.planners.unified import Candidate, Unified, _Timer
+    from longpack.planners.unified import Candidate, Unified
+    from longpack.planners.unified.layout import Timer
+    from longpack.planners.unified.place import build
 
     cost = _cost("qwen2.5-7b", dp=16, cp=2)
     cap = cost.token_cap()
@@ -137,9 +139,8 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     kb = next(k for k in range(cost.layers + 1) if cost.token_cap(k) >= 15_000)
     u = Unified()
     lengths = dict(enumerate(x.tolist()))
-    ckpt = u._score(u._build(batch, ctx, _Timer(2, cost), Candidate(2, kb, 1, float("inf")), set()), lengths, ctx)
-    tail = u._score(u._build(batch, ctx, _Timer(2, cost), Candidate(2, kb, 1, float("inf"), True), set()), lengths,
-                    ctx)
+    ckpt = u._score(build(batch, ctx, Timer(2, cost), Candidate(2, kb, 1, float("inf")), set()), lengths, ctx)
+    tail = u._score(build(batch, ctx, Timer(2, cost), Candidate(2, kb, 1, float("inf"), True), set()), lengths, ctx)
     assert not tail[0] and tail[1] < ckpt[1]
     plan = u.plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
     plan.validate()
@@ -165,31 +166,6 @@ def test_unified_memory_sized_chain_fits_beside_its_kv_store():
     assert len(chain) >= 3 and all(r for r, _ in chain[:-1]) and not chain[-1][0]
     cap = cost.token_cap()
     assert (chain[-1][1].stop - chain[-1][1].start) / 2 < cap  # the kept piece leaves room for the K/V store
-
-
-def test_unified_hides_own_samples_under_a_chains_exchange():
-    """0.5B at DP1 x CP8 with --max-len 32K: a 100K sample runs as a sharded chain whose chunks exchange K/V with
-    nothing else to do; the short samples move into those chunks, on their ranks, and stay under the exchange
-    (refine off: its fold may then go over the exchange where the step gets faster, checked below)."""
-    from longpack.sim.simulate import micro_batch_times
-
-    cost = _cost(dp=1, cp=8)
-    x = np.array([100_000] + [700] * 95)
-    plan = get_planner("unified").plan(x, [np.arange(x.size)],
-                                       PlanContext(cost=cost, options={"degrees": "8", "refine": "0"}),
-                                       max_len=32 * 1024)
-    refined = get_planner("unified").plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "8"}),
-                                          max_len=32 * 1024)
-    refined.validate()
-    assert simulate(refined, cost).total_s <= simulate(plan, cost).total_s * (1 + 1e-12)
-    plan.validate()
-    assert simulate(plan, cost).oom_steps == 0
-    mbs = plan.steps[0].replicas[0].micro_batches
-    hosts = [mb for mb in mbs if any(p.sample == 0 for p in mb.pieces) and len(mb.pieces) > 1]
-    assert hosts, "no chain micro-batch took own samples"
-    for mb in hosts:
-        _, local, _, comm, _, _ = micro_batch_times(mb, 8, cost)
-        assert np.all(local - cost.fixed_s <= comm + 1e-12)  # hidden: the chunk takes no longer than before
 
 
 def test_unified_unit_threshold_keeps_whole_what_ends_before_the_longest_unit():
@@ -223,7 +199,7 @@ def test_unified_alphas_option_refuses_a_bad_threshold_in_one_line():
 def test_unified_count_options_refuse_a_bad_value_in_one_line():
     cost = _cost(dp=2, cp=2)
     x = generate("lmsys-chat-1m", 200, seed=0)
-    for name in ("refine", "trades"):
+    for name in ("refine", "trades", "budget"):
         for bad in ("abc", "-1", "1.5"):
             with pytest.raises(ValueError, match=rf"--opt {name}=.*expected a whole number >= 0 .*e\.g\. {name}="):
                 _plan(x, cost, steps=1, **{name: bad})
@@ -232,29 +208,57 @@ def test_unified_count_options_refuse_a_bad_value_in_one_line():
 def test_unified_trades_option_sets_or_turns_off_trading_between_replicas(monkeypatch):
     """``--opt trades=N``: at most N trades per replica in the chosen layout's rounds; 0 never calls the trader,
     and its steps then equal those planned with a trader that changes nothing, and are no faster than with it."""
-    from longpack.planners import unified
+    from longpack.planners.unified import moves
 
     calls: list[int] = []
-    original = unified._shift_pieces
+    original = moves.trade
 
-    def record(reps, timer, cap, full, shifts=unified.SHIFTS):
-        calls.append(shifts)
-        return original(reps, timer, cap, full, shifts)
+    def record(reps, timer, cap, full, budget, trades=moves.TRADES):
+        calls.append(trades)
+        return original(reps, timer, cap, full, budget, trades)
 
-    monkeypatch.setattr(unified, "_shift_pieces", record)
+    monkeypatch.setattr(moves, "trade", record)
     cost = _cost("qwen2.5-7b", dp=4, cp=2)
     x = generate("chatqa2-long-sft", 2000, seed=0)
     on = _plan(x, cost, steps=1)
-    assert calls and set(calls) == {unified.SHIFTS}
+    assert calls and set(calls) == {moves.TRADES}
     calls.clear()
     _plan(x, cost, steps=1, trades=5)
     assert calls and set(calls) == {5}
     calls.clear()
     off = _plan(x, cost, steps=1, trades=0)
     assert calls == []
-    monkeypatch.setattr(unified, "_shift_pieces", lambda reps, timer, cap, full, shifts=2: reps)
+    monkeypatch.setattr(moves, "trade", lambda reps, timer, cap, full, budget, trades=2: reps)
     assert off.steps == _plan(x, cost, steps=1).steps
     assert simulate(on, cost).total_s <= simulate(off, cost).total_s  # a trade is kept only where it pays
+
+
+def test_unified_budget_bounds_the_local_search_by_simulated_layouts(monkeypatch):
+    """``--opt budget=N``: the local search simulates at most N layouts a global batch (counted, not timed, so
+    the plan is the same on any machine); 0 turns it off as ``refine=0`` does; more budget never plans slower."""
+    from longpack.planners.unified import moves
+
+    spent: list[int] = []
+    original = moves.Budget.spend
+
+    def count(self):
+        ok = original(self)
+        spent.append(ok)
+        return ok
+
+    monkeypatch.setattr(moves.Budget, "spend", count)
+    cost = _cost("qwen2.5-7b", dp=4, cp=2)
+    x = generate("chatqa2-long-sft", 2000, seed=0)
+    times = {}
+    for n in (0, 20, 200, 5000):
+        spent.clear()
+        plan = _plan(x, cost, steps=1, budget=str(n))
+        assert sum(spent) <= n
+        assert plan.to_json() == _plan(x, cost, steps=1, budget=str(n)).to_json()
+        times[n] = simulate(plan, cost).total_s
+    assert _plan(x, cost, steps=1, refine="0").steps == _plan(x, cost, steps=1, budget="0").steps
+    assert times[5000] <= times[200] <= times[20] * (1 + 1e-12) and times[20] <= times[0] * (1 + 1e-12)
+    assert times[5000] < times[0]  # the search pays here
 
 
 def test_unified_chain_runs_its_short_piece_first_when_that_is_faster():
@@ -262,7 +266,8 @@ def test_unified_chain_runs_its_short_piece_first_when_that_is_faster():
     one short first piece beat even chunks in the simulator (the short piece attends to no prefix; the full ones
     keep the largest attention blocks), and the planner's cut choice picks them."""
     from longpack.planners.base import assemble_step
-    from longpack.planners.unified import _chain_cuts, _pieces
+    from longpack.planners.unified.tail import chain_cuts as _chain_cuts
+    from longpack.planners.unified.tail import pieces as _pieces
     from longpack.sim.simulate import simulate_step
 
     cost = _cost(dp=1, cp=256)
@@ -280,130 +285,15 @@ def test_unified_chain_runs_its_short_piece_first_when_that_is_faster():
     assert times["chosen"] < 0.99 * times["even"]
 
 
-def test_unified_folds_a_regular_micro_batch_into_a_chains_micro_batches():
-    """7B at DP1·CP32 (the exchange crosses nodes) with --max-len 32K: a 200K sample runs as a chain of 7 pieces,
-    and a 14K sample, over the 12.5K-token cap, must run sharded. Without refine it gets a micro-batch of its own
-    beside some own samples too long to hide under a chunk's exchange; refine folds that micro-batch into the
-    chain's (the 14K sample sharded beside a chunk, the rest on their ranks or sharded) and the step is faster."""
-    cost = _cost("qwen2.5-7b", dp=1, cp=32)
-    x = np.array([200_000, 14_000, 13_000, 9_000, 8_000, 7_000] + [700] * 60)
-    got = {}
-    for refine in ("0", "32"):
-        plan = get_planner("unified").plan(x, [np.arange(x.size)],
-                                           PlanContext(cost=cost, options={"degrees": "32", "refine": refine}),
-                                           max_len=32 * 1024)
-        plan.validate()
-        rep = simulate(plan, cost, bounds=False)
-        assert rep.oom_steps == 0
-        mbs = [mb for mb in plan.steps[0].replicas[0].micro_batches if mb.pieces]
-        regular = [mb for mb in mbs if not any(p.sample == 0 for p in mb.pieces)]
-        got[refine] = (rep.total_s, len(regular))
-    assert got["0"][1] >= 1 and got["32"][1] == 0
-    assert got["32"][0] < 0.97 * got["0"][0]
-
-
-def test_unified_refine_trades_sharded_samples_between_replicas():
-    """Greedy dealing (LPT) puts a 30K and a 20K sample together in the classic worst case of five samples, all
-    sharded (--token-cap 8K per rank) over DP2·CP8; refine trades sharded samples between the replicas and ends at
-    the even split {30K, 30K} | {20K, 20K, 20K}."""
-    cost = _cost(dp=2, cp=8, token_cap=8000)
-    x = np.array([30_000, 30_000, 20_000, 20_000, 20_000])
-    got = {}
-    for refine in ("0", "32"):
-        plan = get_planner("unified").plan(x, [np.arange(x.size)],
-                                           PlanContext(cost=cost, options={"degrees": "8", "refine": refine}))
-        plan.validate()
-        assert all(p.cp_rank is None for _, _, _, p in plan.iter_pieces())
-        sets = sorted(sorted(int(x[p.sample]) for mb in rep.micro_batches for p in mb.pieces)
-                      for rep in plan.steps[0].replicas)
-        got[refine] = (simulate(plan, cost, bounds=False).total_s, sets)
-    assert got["32"][1] == [[20_000, 20_000, 20_000], [30_000, 30_000]] != got["0"][1]
-    assert got["32"][0] < 0.95 * got["0"][0]
-
-
-def test_unified_dense_micro_batches_cover_fit_and_beat_balanced_ones_on_one_stage():
-    """7B at CP 2 (cap 12,005 tokens per rank): four sharded samples and a 9K own sample per rank. The balanced
-    deal spreads the sharded ones and needs three micro-batches; dense packing holds them in one (one exchange
-    latency, one h) beside a micro-batch of the own samples, and takes less time. Every sample is placed once, on
-    its rank or sharded, within the budget."""
-    from collections import Counter
-
-    from longpack.planners.unified import _dense_micro_batches, _micro_batches, _Timer, _times, _total_s
-    from longpack.sim.simulate import micro_batch_times
-
-    cost = _cost("qwen2.5-7b", dp=16, cp=2)
-    budget = cost.token_cap(0)
-    lengths = np.array([7000, 6000, 5000, 4000, 9000, 9000])
-    t_loc, t_sh = _times(lengths.astype(np.float64), cost, 2, 0)
-    args = ([0, 1, 2, 3], [[4], [5]], lengths, np.arange(6), t_loc, t_sh, budget, 2, 0, cost)
-    balanced = _micro_batches(*args)
-    for spread in (False, True):
-        mbs = _dense_micro_batches(*args, spread=spread)
-        assert Counter(p.sample for mb in mbs for p in mb.pieces) == Counter(range(6))
-        assert all(p.cp_rank == {4: 0, 5: 1}.get(p.sample) for mb in mbs for p in mb.pieces)
-        assert all(micro_batch_times(mb, 2, cost)[4].max() <= budget for mb in mbs)
-    dense = _dense_micro_batches(*args)
-    assert len(dense) == 2 < len(balanced)
-    assert _total_s(dense, _Timer(2, cost)) < _total_s(balanced, _Timer(2, cost))
-
-
-def test_unified_refines_a_second_sharding_of_its_best_degree(monkeypatch):
-    """7B ChatQA2 at DP2·CP8: the two best layouts of the best degree shard the same samples (they differ in how
-    the long ones run), so refine also gets the best layout that shards differently — where the greedy's times are
-    close but refine moves them apart (7B ChatQA2 at DP32·CP8: 10.157 s vs 10.165 s before refine, 10.156 s vs
-    9.911 s after)."""
-    from longpack.planners import unified
-
-    refined: list[tuple[int, frozenset[int]]] = []
-    original = unified._Layout.refine
-
-    def record(layout, moves):
-        refined.append((layout.d, layout.sharding))
-        original(layout, moves)
-
-    monkeypatch.setattr(unified._Layout, "refine", record)
-    cost = _cost("qwen2.5-7b", dp=2, cp=8)
-    x = generate("chatqa2-long-sft", 3000, seed=0)
-    _plan(x, cost, steps=1)
-    best = [sharding for d, sharding in refined if d == refined[0][0]]
-    assert len(best) == 3 and best[0] == best[1] != best[2]
-
-
-def test_unified_dense_packing_with_reserve_leaves_room_for_own_work_to_hide_the_exchange():
-    """7B at CP 2: two sharded samples whose shares (6,500 + 5,100) fill one micro-batch but for 405 tokens, and a
-    900-token own sample per rank. First fit puts both shares in one micro-batch, whose exchange nothing hides,
-    and the own samples in a micro-batch of their own. Reserving the tokens that hide a full micro-batch's exchange
-    splits the shares; the own samples then run under the first one's exchange, and the replica is faster."""
-    from collections import Counter
-
-    from longpack.planners.unified import _dense_micro_batches, _hiding_tokens, _Timer, _times, _total_s
-    from longpack.sim.simulate import micro_batch_times
-
-    cost = _cost("qwen2.5-7b", dp=16, cp=2)
-    budget = cost.token_cap(0)
-    reserve = _hiding_tokens(cost, budget, 2, 0)
-    assert 6_500 + 5_100 + reserve > budget >= 6_500 + 5_100 and reserve < 900
-    lengths = np.array([13_000, 10_200, 900, 900])
-    t_loc, t_sh = _times(lengths.astype(np.float64), cost, 2, 0)
-    args = ([0, 1], [[2], [3]], lengths, np.arange(4), t_loc, t_sh, budget, 2, 0, cost)
-    plain = _dense_micro_batches(*args)
-    kept = _dense_micro_batches(*args, reserve=reserve)
-    assert Counter(p.sample for mb in kept for p in mb.pieces) == Counter(range(4))
-    assert all(micro_batch_times(mb, 2, cost)[4].max() <= budget for mb in kept)
-    assert [sorted(p.sample for p in mb.pieces) for mb in plain] == [[0, 1], [2, 3]]
-    assert all(any(p.cp_rank is None for p in mb.pieces) for mb in kept)  # no micro-batch of own work alone
-    assert _total_s(kept, _Timer(2, cost)) < _total_s(plain, _Timer(2, cost))
-
-
 def test_unified_memoised_times_are_the_simulators_and_read_only():
     """The planner's memo of micro-batch times (one per degree and planning call) gives what the simulator gives,
     the same memory on a second call, read-only; a step simulated with it reports what it reports without."""
     from longpack.plan import MicroBatch, Piece, Replica, Step
-    from longpack.planners.unified import _Timer
+    from longpack.planners.unified.layout import Timer
     from longpack.sim.simulate import micro_batch_times, simulate_step
 
     cost = _cost("qwen2.5-7b", dp=2, cp=2)
-    timer = _Timer(2, cost)
+    timer = Timer(2, cost)
     mbs = [MicroBatch((Piece(0, 0, 9000, None), Piece(1, 0, 700, 0), Piece(2, 0, 400, 1))),
            MicroBatch((Piece(3, 0, 3000, 0), Piece(4, 0, 2500, 1)), ckpt_layers=4),
            MicroBatch((Piece(5, 0, 4000, None),), recompute=True)]
@@ -432,7 +322,8 @@ def test_unified_swaps_whole_micro_batches_between_replicas_exactly_and_leaves_c
 
     from longpack.plan import MicroBatch, Piece
     from longpack.planners.base import assemble_step
-    from longpack.planners.unified import _swap_micro_batches, _Timer
+    from longpack.planners.unified.layout import Timer as _Timer
+    from longpack.planners.unified.moves import balance as _swap_micro_batches
     from longpack.sim.simulate import simulate_step
 
     cost = _cost("qwen2.5-7b", dp=3, cp=2)
@@ -486,7 +377,11 @@ def test_unified_repack_moves_a_share_beside_own_work_and_empties_a_micro_batch(
 
     from longpack.plan import MicroBatch, Piece
     from longpack.planners.base import assemble_step
-    from longpack.planners.unified import _repack, _Timer
+    from longpack.planners.unified.layout import Timer as _Timer
+    from longpack.planners.unified.moves import Budget, repack
+
+    def _repack(mbs, timer, cap, full):
+        return repack(mbs, timer, cap, full, Budget(10**6))
     from longpack.sim.simulate import simulate_step
 
     cost = _cost("qwen2.5-7b", dp=64, cp=2)
@@ -544,7 +439,8 @@ def test_unified_trades_near_equal_own_samples_between_replicas_onto_a_waiting_r
 
     from longpack.plan import MicroBatch, Piece
     from longpack.planners.base import assemble_step
-    from longpack.planners.unified import _shift_pieces, _Timer
+    from longpack.planners.unified.layout import Timer as _Timer
+    from longpack.planners.unified.moves import Budget, trade
     from longpack.sim.simulate import simulate_step
 
     cost = _cost("qwen2.5-7b", dp=64, cp=2)  # ZeRO over 128 ranks: a rank holds 12K tokens
@@ -561,7 +457,7 @@ def test_unified_trades_near_equal_own_samples_between_replicas_onto_a_waiting_r
 
     before = totals(reps)
     assert before[0] > before[1]
-    got = _shift_pieces(reps, timer, cap, lengths)
+    got = trade(reps, timer, cap, lengths, Budget(10**6))
     assert Counter((p.sample, p.start, p.stop) for r in got for mb in r for p in mb.pieces) == \
         Counter((p.sample, p.start, p.stop) for r in reps for mb in r for p in mb.pieces)
     assert got[0][0].pieces == (Piece(1, 0, 6_000, 1), Piece(3, 0, 8_900, 0))

@@ -148,11 +148,17 @@ def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel,
             return None
         _, comm[k], dist[k] = timed(k)
         share_tok[k] = groups[k].share_tokens
+    return _on_groups(step, groups, placed, degrees, ckpt)
+
+
+def _on_groups(step: Step, groups: list[_Group], placed: list[list[tuple[int, int]]], degrees: tuple[int, ...],
+               ckpt: int) -> Step:
+    """The step of one micro-batch per group, each group's ranks holding their ``placed`` own samples."""
     first = 0
     for g in groups:
         g.own = placed[first:first + g.d]
         first += g.d
-    return Step(cp=max(degrees), token_cap=cap, group=step.group, degrees=degrees,
+    return Step(cp=max(degrees), token_cap=step.token_cap, group=step.group, degrees=degrees,
                 replicas=tuple(Replica((g.micro_batch(ckpt),)) for g in groups))
 
 

@@ -1,0 +1,132 @@
+"""The unified planner's search space: the discrete knobs of one global batch's layout, and its options.
+
+A :class:`Candidate` is one setting of four knobs, each one paper's lever made a choice:
+
+* ``degree`` d: the CP group size (HBP's per-group SP degree), over the divisors of ``--cp``; with ``--opt
+  widen=1`` also 2·cp, 4·cp, ... while the longest sample's share and exchange exceed a quarter of a rank's load.
+* ``ckpt`` k: the configured checkpointed layers, or the fewest that let the longest sample sit sharded whole
+  (HBP's checkpointing where it pays; only the micro-batches holding such samples pay it). ``tail``: its twin,
+  which runs those samples instead as chains whose head, what a rank cannot hold, is recomputed.
+* ``split`` K: a micro-batch holds at most cap(k) // K tokens a rank; longer samples become ChunkFlow chains whose
+  last K chunks keep their activations. Only tried where chains exist or with pipeline stages.
+* ``alpha`` α: a sample that fits a rank is still sharded when its whole-rank time exceeds α·τ (τ: the mean rank
+  load), at the step's longest unit (``unit``), or that less the lightest replica's shared work (``light``).
+
+Cost: O(|degrees| · 2 · |splits| · |alphas|) candidates, O(1) each to list.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...sim.bounds import min_ckpt
+from ..base import Batch, PlanContext
+from .tail import times
+
+__all__ = ["Candidate", "candidates", "UNIT", "LIGHT", "count", "numbers", "divisors", "flag"]
+
+UNIT = -1.0  # the sharding threshold at the step's longest unit, not a multiple of τ
+LIGHT = -2.0  # the same, less the lightest replica's shared work
+ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT, LIGHT)
+
+
+class Candidate(NamedTuple):
+    degree: int
+    ckpt: int
+    split: int
+    alpha: float
+    tail: bool = False  # big samples as two-piece chains (small recomputed head, kept tail) instead of ckpt
+
+
+def candidates(batch: Batch, ctx: PlanContext) -> list[Candidate]:
+    """Every candidate of one batch, in the order the search breaks ties by (the plain packing first)."""
+    cost, world = ctx.cost, ctx.world
+    degrees = numbers(ctx, "degrees", int, "8,4,2,1", "integers") or _degrees(batch, ctx)
+    for d in degrees:
+        if d < 1 or world % d:
+            raise ValueError(f"--opt degrees: {d} must divide the world size {world} (--dp x --cp)")
+    splits = numbers(ctx, "splits", int, "1,2,4", "integers") or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
+    alphas = numbers(ctx, "alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light") or list(ALPHAS)
+    longest, k0 = float(batch.lengths.max()), ctx.ckpt_layers
+    out = []
+    for d in degrees:
+        ckpts = [k0]
+        k = int(min_ckpt(np.array([-(-longest // d)]), cost)[0])  # the longest sharded whole, no chain
+        if k > k0:
+            ckpts.append(k)
+        for k in ckpts:
+            chains = longest > cost.token_cap(k) * d  # one stage: a smaller budget only adds micro-batches
+            for split in (splits if cost.cfg.pp > 1 or chains else splits[:1]):
+                out += [Candidate(d, k, split, a) for a in (alphas if d > 1 else alphas[:1])]
+                twin = k > k0 or (chains and split == splits[0])
+                if twin and (d == 1 or flag(ctx.option("shard_chains", True))):
+                    out += [Candidate(d, k, split, a, True) for a in (alphas if d > 1 else alphas[:1])]
+    return out
+
+
+def _degrees(batch: Batch, ctx: PlanContext) -> list[int]:
+    """Divisors of --cp, largest first; with ``--opt widen=1`` also wider groups while the longest sample's share
+    and exchange at the previous degree exceed a quarter of the mean rank load."""
+    cp, world, cost = ctx.cp, ctx.world, ctx.cost
+    out = divisors(cp)
+    if not flag(ctx.option("widen", False)):
+        return out
+    s = batch.lengths.astype(np.float64)
+    tau = float(times(s, cost, 1, ctx.ckpt_layers)[0].sum()) / world
+    d = cp
+    while 2 * d <= world and world % (2 * d) == 0:
+        share = float(times(np.array([s.max()]), cost, d, ctx.ckpt_layers)[1][0])
+        if share + ctx.cost.cp_comm_s(float(s.max())) <= tau / 4:
+            break
+        d *= 2
+        out.insert(0, d)
+    return out
+
+
+def numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: str, kind: str) -> list:
+    """Comma-separated values of option ``name`` ([] when not given), or one line naming the option and the fix."""
+    text = ctx.option(name, None)
+    if text is None or text == "":
+        return []
+    try:
+        return [cast(x) for x in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"--opt {name}={text!r}: expected comma-separated {kind}, e.g. {name}={example}") from None
+
+
+def count(ctx: PlanContext, name: str, example: str) -> int | None:
+    """Option ``name`` as a whole number >= 0 (None when not given), or one line naming the option and the fix."""
+    text = ctx.option(name, None)
+    if text is None or text == "":
+        return None
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"--opt {name}={text!r}: expected a whole number >= 0 (0 turns it off), e.g. {name}={example}")
+    return value
+
+
+def _alpha(text: str) -> float:
+    """A threshold of ``--opt alphas``: a float (a multiple of τ, ``inf`` for none), ``unit`` or ``light``."""
+    word = text.strip().lower()
+    if word in ("unit", "light"):
+        return UNIT if word == "unit" else LIGHT
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n``, largest first."""
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def flag(value: object) -> bool:
+    return str(value).strip().lower() not in ("0", "false", "no", "off")

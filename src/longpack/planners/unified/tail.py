@@ -1,0 +1,173 @@
+"""What follows a replica's packed micro-batches: samples too long for them, as big micro-batches or chains.
+
+* **Big samples** fit a CP group only with more checkpointed layers k: they run sharded whole, first fit
+  decreasing into micro-batches of their own that alone pay k's recompute. Their ``tail`` twin runs each as a
+  two-piece chain at the configured layers instead: the head, what a rank cannot keep beside the tail's K/V
+  store, is recomputed (the least recompute memory allows).
+* **Chains**: samples longer than a group holds become ChunkFlow chains, either of the fewest chunks of at most
+  B·d tokens (even, or full after one short first piece, whichever is estimated faster) whose first N − K are
+  recomputed, or (``tail``) memory-sized: each piece as long as memory allows beside the K/V of what precedes it,
+  the last kept and the rest recomputed.
+
+Each big sample or chain goes, heaviest first, to the replica of least estimated load (LPT). Estimates are the
+cost model's per-rank seconds (a recomputed piece's forward runs twice: 4/3 of it). Cost: O(samples + pieces).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...cost import CostModel
+from ...plan import MicroBatch, Piece
+from ..base import Batch
+from ..packers import lpt
+
+__all__ = ["times", "tail", "chain_cuts", "pieces", "Tail"]
+
+Tail = tuple[list[list[MicroBatch]], np.ndarray, bool]  # per replica micro-batches, estimated seconds, big k used
+
+
+def times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(whole on one rank, one rank's share when sharded over d ranks) compute seconds per sample."""
+    pairs = cost.cfg.causal_factor * s * s
+    local = np.asarray(cost.linear_s(s, k, ideal=True)) + np.asarray(cost.attn_s(pairs, s, k))
+    q = s / (2 * d) if d > 1 else s
+    shard = np.asarray(cost.linear_s(s / d, k, ideal=True)) + np.asarray(cost.attn_s(pairs / d, q, k))
+    return local + np.asarray(cost.docs_s(1)), shard + np.asarray(cost.docs_s(2))
+
+
+def tail(batch: Batch, cost: CostModel, d: int, kb: int, split: int, twin: bool, k0: int, budget: int,
+         is_big: np.ndarray, is_chain: np.ndarray, n_rep: int) -> Tail | None:
+    """Big samples' micro-batches, then chains', per replica (LPT on estimates); None when memory cannot hold a
+    chain. The third value says whether any micro-batch runs with the big samples' ``kb`` layers."""
+    lengths, samples = batch.lengths, batch.samples
+    limit = batch.split_len or np.iinfo(np.int64).max
+    cap, rank = cost.token_cap(k0), None if d > 1 else 0
+    rep_load = np.zeros(n_rep)
+    out: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
+    units: list[list[MicroBatch]] = []  # one list of micro-batches per big sample (twin) or chain
+    est: list[float] = []
+    big = np.flatnonzero(is_big)
+    if big.size and twin:
+        for i in big.tolist():
+            n = int(lengths[i])
+            head = max(0, n - d * tail_tokens(cost, -(-n // d), k0, cap))
+            cuts = [0, head, n] if head else [0, n]
+            units.append(pieces(int(samples[i]), cuts, rank, k0))
+            est.append(pieces_s(cuts, d, 1, cost, k0) + cost.cp_comm_s(float(n), k0)
+                       + cost.cp_comm_s(float(head), k0, True) - cost.cp_comm_s(float(head), k0))
+    elif big.size:
+        t_big = times(lengths[big].astype(np.float64), cost, d, kb)[1]
+        t_big = t_big + np.array([cost.cp_comm_s(float(n), kb) for n in lengths[big].tolist()])
+        for g, members in enumerate(lpt(t_big, n_rep)):  # nothing hides their exchange
+            out[g].extend(big_micro_batches(big[np.asarray(members, dtype=np.int64)], lengths, samples,
+                                            cost.token_cap(kb), d, kb))
+            rep_load[g] += float(t_big[members].sum()) if members else 0.0
+    first_chain = len(units)
+    for i in np.flatnonzero(is_chain).tolist():
+        n, sample = int(lengths[i]), int(samples[i])
+        if twin:
+            sized = memory_chain(n, d, cost, k0, budget, limit)
+            if sized is None:
+                return None
+            units.append(pieces(sample, sized, rank, k0))
+            est.append(pieces_s(sized, d, 1, cost, k0))
+        else:
+            chunk = min(budget * d, limit)
+            kept = max(split, cap // -(-chunk // d))  # as many kept chunks as the cap holds
+            cuts, t_chain = chain_cuts(n, chunk, d, kept, cost, k0)
+            units.append(pieces(sample, cuts, rank, k0, kept))
+            est.append(t_chain)
+    for lo, hi in ((0, first_chain), (first_chain, len(units))):  # big samples first, then chains
+        for g, members in enumerate(lpt(est[lo:hi], n_rep)):
+            for m in members:
+                out[g].extend(units[lo + m])
+                rep_load[g] += est[lo + m]
+    return out, rep_load, bool(big.size) and not twin
+
+
+def chain_cuts(n: int, chunk: int, d: int, kept: int, cost: CostModel, k: int) -> tuple[list[int], float]:
+    """Cuts of a chain of n tokens into the fewest pieces of at most ``chunk``: even, or full chunks after one
+    short first piece (it attends to no prefix, so its slow small blocks cost little), whichever
+    :func:`pieces_s` estimates faster (ties: even); with that estimate. O(pieces)."""
+    count = -(-n // chunk)
+    even = [n * j // count for j in range(count + 1)]
+    first = n - (count - 1) * chunk
+    options = [even] + ([[0] + [first + chunk * j for j in range(count)]] if count > 1 and first < chunk else [])
+    t, _, cuts = min((pieces_s(cuts, d, kept, cost, k), i, cuts) for i, cuts in enumerate(options))
+    return cuts, t
+
+
+def big_micro_batches(pos: np.ndarray, lengths: np.ndarray, samples: np.ndarray, cap: int, d: int,
+                      ckpt: int) -> list[MicroBatch]:
+    """Samples sharded whole with ``ckpt`` checkpointed layers, first fit decreasing into micro-batches of at
+    most ``cap`` tokens per rank."""
+    rank = None if d > 1 else 0
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in pos[np.lexsort((pos, -lengths[pos]))].tolist():
+        w = -(-int(lengths[i]) // d)
+        b = next((x for x, r in enumerate(room) if w <= r), None)
+        if b is None:
+            bins.append([])
+            room.append(cap)
+            b = len(bins) - 1
+        bins[b].append(i)
+        room[b] -= w
+    return [MicroBatch(pieces=tuple(Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in members),
+                       ckpt_layers=ckpt) for members in bins]
+
+
+def pieces_s(bounds: list[int], d: int, kept: int, cost: CostModel, k: int) -> float:
+    """Estimated seconds on each of d ranks of a chain with pieces [bounds[j], bounds[j+1]); all but the last
+    ``kept`` run their forward twice."""
+    total = 0.0
+    for j, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        pairs = cost.cfg.causal_factor * (b * b - a * a) / d
+        t = float(cost.linear_s((b - a) / d, k, ideal=True)) + float(cost.attn_s(pairs, (b - a) / (2 * d), k))
+        total += t * (4 / 3 if j < len(bounds) - 1 - kept else 1.0)
+    return total
+
+
+def _memory_terms(cost: CostModel, k: int) -> tuple[float, float, float]:
+    """(activation bytes a token, K/V store bytes a prefix token, bytes a rank has for both), as
+    :meth:`CostModel.memory_bytes` counts them."""
+    act = cost.hw.fragmentation * cost.act_bytes_per_token(k)
+    return act, float(cost.kv_store_bytes(1.0)), cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30
+
+
+def tail_tokens(cost: CostModel, per_rank: int, k: int, cap: int) -> int:
+    """Most of a sample's ``per_rank`` tokens a rank can keep as a chain's last piece beside the K/V store of the
+    head before it, within memory and the cap. O(1) plus a short correction loop."""
+    if cost.memory_bytes(per_rank, k) <= cost.hw.memory_bytes and per_rank <= cap:
+        return per_rank
+    act, kv, free = _memory_terms(cost, k)
+    n = min(cap, per_rank, int((free - kv * per_rank) // (act - kv))) if act > kv else 0
+    while n > 0 and cost.memory_bytes(n, k, per_rank - n) > cost.hw.memory_bytes:
+        n -= 1
+    return max(n, 0)
+
+
+def memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: int) -> list[int] | None:
+    """Bounds of a memory-sized chain of n tokens over d ranks: the last piece per :func:`tail_tokens`, the head
+    cut greedily as long as memory allows beside the K/V of what precedes each piece, every piece within
+    ``budget`` tokens a rank and ``limit`` tokens; None when memory holds no more. O(pieces)."""
+    last = min(tail_tokens(cost, -(-n // d), k, budget) * d, limit)
+    if last <= 0:
+        return None
+    head = max(0, n - last)
+    act, kv, free = _memory_terms(cost, k)
+    bounds, pos = [0], 0
+    while pos < head:
+        room = min(budget, int((free - kv * pos / d) // act))
+        if room <= 0:
+            return None
+        pos = min(head, pos + min(room * d, limit))
+        bounds.append(pos)
+    return bounds + [n] if head else [0, n]
+
+
+def pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int, kept: int = 1) -> list[MicroBatch]:
+    """A chain with pieces [cuts[j], cuts[j+1]), one per micro-batch, all but the last ``kept`` recomputed."""
+    return [MicroBatch((Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < len(cuts) - 1 - kept)
+            for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
