@@ -121,21 +121,24 @@ def deal_own(items: list[int], t_loc: np.ndarray, comm: np.ndarray, base: np.nda
     own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
     heaps = [[(0.0, j) for j in range(d)] for _ in range(n_rep)]  # per replica: (own load, rank)
     least = np.zeros(n_rep)
-    comm_l, base_l, least_l = comm.tolist(), base.tolist(), [0.0] * n_rep
-    for i in items:
-        t = float(t_loc[i])
+    comm_l, base_l, least_l, reps = comm.tolist(), base.tolist(), [0.0] * n_rep, range(n_rep)
+    for i, t in zip(items, t_loc[np.asarray(items, dtype=np.int64)].tolist(), strict=True):
         if n_rep < ARRAY_REPLICAS:
             after_l = [max(c, x + t) + b for c, x, b in zip(comm_l, least_l, base_l, strict=True)]
-            top = min(after_l) * (1 + 1e-12)
-            g = min((r for r in range(n_rep) if after_l[r] <= top), key=lambda r: (least_l[r], r))
+            top, g = min(after_l) * (1 + 1e-12), -1
+            for r in reps:
+                if after_l[r] <= top and (g < 0 or least_l[r] < least_l[g]):
+                    g = r
         else:
             after = np.maximum(comm, least + t) + base
             tied = np.flatnonzero(after <= after.min() * (1 + 1e-12))
             g = int(tied[np.argmin(least[tied])]) if tied.size > 1 else int(tied[0])
-        load, j = heapq.heappop(heaps[g])
+        load, j = heaps[g][0]
         own[g][j].append(i)
-        heapq.heappush(heaps[g], (load + t, j))
-        least[g] = least_l[g] = heaps[g][0][0]
+        heapq.heapreplace(heaps[g], (load + t, j))
+        least_l[g] = heaps[g][0][0]
+        if n_rep >= ARRAY_REPLICAS:
+            least[g] = least_l[g]
     return own
 
 
