@@ -44,6 +44,8 @@ from .model import ModelSpec
 
 __all__ = ["TrainConfig", "CostModel", "attention_pairs"]
 
+COMM_MEMO = 1 << 16  # most scalar K/V exchange times a cost model keeps (cleared when full)
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -106,6 +108,7 @@ class CostModel:
         self._attn_per_pair = self.layers * model.attn_flops_per_pair / tp
         self._attn_rate = hardware.peak_flops * hardware.mfu_attn
         self._kv_bytes_per_token = model.kv_width * config.act_bytes / tp
+        self._comm: dict[tuple[float, int | None, bool], float] = {}  # scalar cp_comm_s, bounded by COMM_MEMO
 
     # --- compute --------------------------------------------------------------------------------------------
     def linear_s(self, tokens: float | np.ndarray, ckpt_layers: int | None = None, *,
@@ -180,9 +183,21 @@ class CostModel:
                 return np.zeros(sharded_tokens.shape)
         elif cp <= 1 or float(sharded_tokens) <= 0:
             return 0.0
+        else:  # a scalar: planners ask for the same few totals many times
+            key = (float(sharded_tokens), ckpt_layers, recompute)
+            hit = self._comm.get(key)
+            if hit is None:
+                if len(self._comm) >= COMM_MEMO:
+                    self._comm.clear()
+                hit = self._comm[key] = float(self._comm_s(key[0], ckpt_layers, recompute))
+            return hit
+        return self._comm_s(sharded_tokens, ckpt_layers, recompute)
+
+    def _comm_s(self, sharded_tokens: float | np.ndarray, ckpt_layers: int | None, recompute: bool
+                ) -> float | np.ndarray:
         k = self._k(ckpt_layers)
         nbytes = sharded_tokens * self._kv_bytes_per_token
-        group = cp * self.cfg.tp
+        group = self.cfg.cp * self.cfg.tp
         ag = self.hw.collective_s("all_gather", nbytes, group=group)
         rs = self.hw.collective_s("reduce_scatter", nbytes, group=group)
         return self.layers * (2 * ag + rs) + (k + (self.layers if recompute else 0)) * ag
