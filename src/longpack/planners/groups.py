@@ -11,20 +11,15 @@ ones), one greedy layout, one micro-batch per group at the step's checkpointing:
 2. the others, longest first, each to the rank (of any group) that finishes first by Eq. 2 — its own work hides
    under its group's K/V exchange — within the token cap; one that fits no rank is sharded as in 1.
 
-The fastest layout in the simulator replaces the step when it is at least ``MIN_GAIN`` (3%) faster. The margin:
-each span of a new size is one more process group (on GPUs, an NCCL communicator that holds memory and takes setup,
-neither priced by the cost model), and a gain within the cost model's error does not pay for that. It also keeps a
-step on one degree where groups of several sizes barely help, and such a step is held to the stronger bound of one
-degree (the efficiency of a step on several sizes reads against the weaker bound of any layout: on 0.5B
-tulu3-longwriter at DP32·CP8, a step 1.2% faster read .905 against .969 before). Before the search, a step stays when
-the bound of layouts on several sizes (``bounds.mixed_step_bound`` without its split, a few tens of ms) leaves no
-room for that gain: most lmsys steps, where the search never found one. Steps with chains, whose samples do not fit
-one micro-batch per group, or that shard no sample stay as they are. Guarantees: the result is a valid Step
-(coverage, the token cap on every rank) and never slower in the simulator than the step given. Cost: per split,
-O(sharded samples × groups) micro-batch timings (groups of one degree with the same sharded samples timed once) +
-O(own samples × world) + one step simulation, for each split of :func:`shapes`: 86 of a world of 256 (about 12 s a
-DP32·CP8 step of 2,048 samples on these CPUs), 46 of a world of 32 (0.4-0.9 s a 256-sample lmsys batch, which is
-why the bound comes first).
+The fastest layout in the simulator replaces the step when it is at least ``MIN_GAIN`` (3%) faster: each span of
+a new size is one more process group (on GPUs, an NCCL communicator that holds memory and takes setup, neither
+priced by the cost model), and a gain within the cost model's error does not pay for that. Before the search, a
+step stays when the bound of layouts on several sizes (``bounds.mixed_step_bound`` without its split) leaves no room
+for that gain. Steps with chains, whose samples do not fit one micro-batch per group, or that shard no sample stay
+as they are. Guarantees: the result is a valid Step (coverage, the token cap on every rank) and never slower in the
+simulator than the step given. Cost: per split, O(sharded samples × groups) micro-batch timings (groups of one
+degree with the same sharded samples timed once) + O(own samples × world) + one step simulation, for each split of
+:func:`shapes` (86 of a world of 256, 46 of a world of 32); the bound, O(samples · sizes), comes first.
 """
 
 from __future__ import annotations
@@ -82,52 +77,21 @@ class _Group:
 def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel,
                      degrees: tuple[int, ...]) -> Step | None:
     """The greedy layout of ``step``'s samples on groups of ``degrees`` (module docstring); None when it does not
-    fit one micro-batch per group. A group's exchange and shared compute depend on its sharded samples only, so
-    groups of one degree holding the same ones are timed once, and own samples go to the best rank of the whole
-    world in one vectorised pass each."""
+    fit one micro-batch per group. Own samples go to the best rank of the whole world in one vectorised pass
+    each."""
     world = sum(degrees)
     ckpt = max((mb.ckpt_layers for r in step.replicas for mb in r.micro_batches), default=0)
     cap = step.token_cap
-    groups = [_Group(cost, d, world) for d in degrees]
+    deal = _Deal(cost, degrees, lengths, cap, ckpt)
     pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
     shared = sorted({p.sample for p in pieces if p.cp_rank is None}, key=lambda i: (-lengths[i], i))
     own = sorted({p.sample for p in pieces if p.cp_rank is not None}, key=lambda i: (-lengths[i], i))
-    memo: dict[tuple, tuple[float, float, float]] = {}
-
-    def timed(k: int, extra: tuple[int, int] | None = None) -> tuple[float, float, float]:
-        """(time, K/V exchange, shared compute) of group k's sharded samples (and ``extra``); inf over the cap."""
-        g = groups[k]
-        key = (g.d, *g.shared, extra)
-        if key not in memo:
-            shares = g.shared + ([extra] if extra else [])
-            mb = MicroBatch(tuple(Piece(i, 0, n, None) for i, n in shares), ckpt_layers=ckpt)
-            if not mb.pieces:
-                memo[key] = (0.0, 0.0, 0.0)
-            else:
-                time, _, dist, comm, tokens, _ = micro_batch_times(mb, g.d, g.cost)
-                memo[key] = ((np.inf, np.inf, np.inf) if float(np.max(tokens)) > cap
-                             else (float(time.max()), float(comm[0]), float(dist[0])))
-        return memo[key]
-
-    held = np.zeros(len(groups))  # most own tokens on one rank of each group
-
-    def share(i: int) -> int:
-        """Shard sample i on the group it slows least (within the cap); its index, or -1."""
-        n = lengths[i]
-        best = min(((timed(k, (i, n))[0] if g.share_tokens + math.ceil(n / g.d) + held[k] <= cap else np.inf,
-                    -g.d, k) for k, g in enumerate(groups)))
-        if not np.isfinite(best[0]):
-            return -1
-        g = groups[best[2]]
-        g.shared.append((i, n))
-        g.share_tokens += math.ceil(n / g.d)
-        return best[2]
-
-    if any(share(i) < 0 for i in shared):
+    if any(deal.share(i) < 0 for i in shared):
         return None
+    groups = deal.groups
     of_rank = np.repeat(np.arange(len(groups)), degrees)
-    comm = np.array([timed(k)[1] for k in range(len(groups))])
-    dist = np.array([timed(k)[2] for k in range(len(groups))])
+    comm = np.array([deal.timed(k)[1] for k in range(len(groups))])
+    dist = np.array([deal.timed(k)[2] for k in range(len(groups))])
     share_tok = np.array([g.share_tokens for g in groups])
     own_s, own_tok = np.zeros(world), np.zeros(world)
     placed: list[list[tuple[int, int]]] = [[] for _ in range(world)]
@@ -141,14 +105,53 @@ def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel,
             placed[r].append((i, n))
             own_tok[r] += n
             own_s[r] += alone
-            held[of_rank[r]] = max(held[of_rank[r]], own_tok[r])
+            deal.held[of_rank[r]] = max(deal.held[of_rank[r]], own_tok[r])
             continue
-        k = share(i)
+        k = deal.share(i)
         if k < 0:
             return None
-        _, comm[k], dist[k] = timed(k)
+        _, comm[k], dist[k] = deal.timed(k)
         share_tok[k] = groups[k].share_tokens
     return _on_groups(step, groups, placed, degrees, ckpt)
+
+
+class _Deal:
+    """Sharded samples onto the groups of one split. A group's exchange and shared compute depend on its sharded
+    samples only, so groups of one degree holding the same ones are timed once."""
+
+    def __init__(self, cost: CostModel, degrees: tuple[int, ...], lengths: dict[int, int], cap: int, ckpt: int
+                 ) -> None:
+        self.groups = [_Group(cost, d, sum(degrees)) for d in degrees]
+        self.lengths, self.cap, self.ckpt = lengths, cap, ckpt
+        self.held = np.zeros(len(degrees))  # most own tokens on one rank of each group
+        self._memo: dict[tuple, tuple[float, float, float]] = {}
+
+    def timed(self, k: int, extra: tuple[int, int] | None = None) -> tuple[float, float, float]:
+        """(time, K/V exchange, shared compute) of group k's sharded samples (and ``extra``); inf over the cap."""
+        g = self.groups[k]
+        key = (g.d, *g.shared, extra)
+        if key not in self._memo:
+            shares = g.shared + ([extra] if extra else [])
+            mb = MicroBatch(tuple(Piece(i, 0, n, None) for i, n in shares), ckpt_layers=self.ckpt)
+            if not mb.pieces:
+                self._memo[key] = (0.0, 0.0, 0.0)
+            else:
+                time, _, dist, comm, tokens, _ = micro_batch_times(mb, g.d, g.cost)
+                self._memo[key] = ((np.inf, np.inf, np.inf) if float(np.max(tokens)) > self.cap
+                                   else (float(time.max()), float(comm[0]), float(dist[0])))
+        return self._memo[key]
+
+    def share(self, i: int) -> int:
+        """Shard sample i on the group it slows least (within the cap); its index, or -1."""
+        n, cap = self.lengths[i], self.cap
+        best = min(((self.timed(k, (i, n))[0] if g.share_tokens + math.ceil(n / g.d) + self.held[k] <= cap
+                     else np.inf, -g.d, k) for k, g in enumerate(self.groups)))
+        if not np.isfinite(best[0]):
+            return -1
+        g = self.groups[best[2]]
+        g.shared.append((i, n))
+        g.share_tokens += math.ceil(n / g.d)
+        return best[2]
 
 
 def _on_groups(step: Step, groups: list[_Group], placed: list[list[tuple[int, int]]], degrees: tuple[int, ...],
