@@ -29,17 +29,17 @@ class Timer:
 
     def __init__(self, d: int, cost: CostModel) -> None:
         self.d, self.cost = d, cost
-        self._memo: dict[MicroBatch, np.ndarray] = {}
+        self._memo: dict[MicroBatch, tuple[np.ndarray, ...]] = {}
         self._sec: dict[MicroBatch, float] = {}
         self._over: dict[MicroBatch, bool] = {}
 
     def __call__(self, mb: MicroBatch) -> tuple[np.ndarray, ...]:
         hit = self._memo.get(mb)
         if hit is None:
-            hit = np.stack(micro_batch_times(mb, self.d, self.cost))
-            hit.flags.writeable = False
-            self._memo[mb] = hit
-        return tuple(hit)
+            rows = np.stack(micro_batch_times(mb, self.d, self.cost))
+            rows.flags.writeable = False
+            hit = self._memo[mb] = tuple(rows)
+        return hit
 
     def seconds(self, mb: MicroBatch) -> float:
         """The micro-batch's simulated time: its slowest rank's (0 when empty)."""

@@ -118,7 +118,7 @@ def _without(timer: Timer, mb: MicroBatch, x: int, budget: Budget) -> tuple[Micr
     rank's share); None when taking it out cannot shorten ``mb`` (its rank waits for another, or no gain) or the
     budget is spent."""
     before, p = timer(mb), mb.pieces[x]
-    if p.cp_rank is not None and before[0][p.cp_rank] < before[0].max() or not budget.spend():
+    if p.cp_rank is not None and before[0][p.cp_rank] < timer.seconds(mb) or not budget.spend():
         return None
     rest = replace(mb, pieces=mb.pieces[:x] + mb.pieces[x + 1:])
     t_rest = timer.seconds(rest)
@@ -135,7 +135,7 @@ def _estimate(dst: MicroBatch, p: Piece, q: Piece | None, added: float, timer: T
     place of q (p on q's rank; q gives back its part of ``added`` in proportion to its tokens); None when p does
     not fit the cap. O(d)."""
     d, cost = timer.d, timer.cost
-    rank_s, local, dist, comm, tokens, _ = timer(dst)
+    _, local, dist, comm, tokens, _ = timer(dst)
     room, w_q = cap - tokens, _width(q, d) if q is not None else 0
     more = added * (1 - w_q / _width(p, d))
     if p.cp_rank is None:
@@ -147,7 +147,7 @@ def _estimate(dst: MicroBatch, p: Piece, q: Piece | None, added: float, timer: T
     j = _rank_for(p, q, dst, timer, cap)
     if j < 0:
         return None
-    return max(float(rank_s.max()), float(max(comm[0], local[j] - cost.fixed_s + more) + dist[j]) + cost.fixed_s)
+    return max(timer.seconds(dst), float(max(comm[0], local[j] - cost.fixed_s + more) + dist[j]) + cost.fixed_s)
 
 
 def _rank_for(p: Piece, q: Piece | None, dst: MicroBatch, timer: Timer, cap: int) -> int:
