@@ -10,7 +10,7 @@
     checkpointed (FlashAttention already recomputes the attention scores), "full" = every layer checkpointed.
 (c) The (ChunkSize, K) sweep at 256K with ChunkSize x K = 32K.
 (d) Peak memory vs context length at ChunkSize 8K: one sequence as long as the context plus short ones.
-``unified`` (planners/unified.py) runs beside ChunkFlow in (b), on its layout and samples.
+``unified`` (planners/unified/) runs beside ChunkFlow in (b), on its layout and samples.
 """
 
 from __future__ import annotations

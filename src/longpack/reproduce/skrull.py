@@ -7,7 +7,7 @@ BucketSize 26K (0.5B) and 13K (7B); 7B on ChatQA2 at DP2 x CP16, BatchSize 40. B
   micro-batch (DeepSpeed's default micro-batch with gradient accumulation; it has no packing);
 * ``sorted`` (LongAlign): length-sorted padded micro-batches inside each global batch;
 * ``fixed_cp`` packed to the cap is reported too, as an extra column the paper does not have;
-* ``unified`` (planners/unified.py) on the same batches, beside Skrull (``unified_vs_skrull``).
+* ``unified`` (planners/unified/) on the same batches, beside Skrull (``unified_vs_skrull``).
 
 Memory is calibrated so that the cap is the published BucketSize (see ``calibrated_cost``).
 """
