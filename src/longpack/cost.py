@@ -179,22 +179,20 @@ class CostModel:
         forward again, one more all-gather per layer. ``sharded_tokens`` may be an array."""
         cp = self.cfg.cp
         if isinstance(sharded_tokens, np.ndarray) and sharded_tokens.ndim:
-            if cp <= 1:
-                return np.zeros(sharded_tokens.shape)
-        elif cp <= 1 or float(sharded_tokens) <= 0:
+            return np.zeros(sharded_tokens.shape) if cp <= 1 else self._comm_s(sharded_tokens, ckpt_layers, recompute)
+        if cp <= 1 or float(sharded_tokens) <= 0:
             return 0.0
-        else:  # a scalar: planners ask for the same few totals many times
-            key = (float(sharded_tokens), ckpt_layers, recompute)
-            hit = self._comm.get(key)
-            if hit is None:
-                if len(self._comm) >= COMM_MEMO:
-                    self._comm.clear()
-                hit = self._comm[key] = float(self._comm_s(key[0], ckpt_layers, recompute))
-            return hit
-        return self._comm_s(sharded_tokens, ckpt_layers, recompute)
+        key = (float(sharded_tokens), ckpt_layers, recompute)  # planners ask for the same few totals many times
+        hit = self._comm.get(key)
+        if hit is None:
+            if len(self._comm) >= COMM_MEMO:
+                self._comm.clear()
+            hit = self._comm[key] = float(self._comm_s(key[0], ckpt_layers, recompute))
+        return hit
 
     def _comm_s(self, sharded_tokens: float | np.ndarray, ckpt_layers: int | None, recompute: bool
                 ) -> float | np.ndarray:
+        """:meth:`cp_comm_s` at cp > 1, unmemoised."""
         k = self._k(ckpt_layers)
         nbytes = sharded_tokens * self._kv_bytes_per_token
         group = self.cfg.cp * self.cfg.tp
