@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from longpack.cost import CostModel, TrainConfig
 from longpack.hardware import get_hardware
 from longpack.model import get_model
-from longpack.plan import Plan
+from longpack.plan import MicroBatch, Piece, Plan
 from longpack.planners import PlanContext, get_planner, global_batches
 from longpack.sim import simulate
 from longpack.sim.bounds import step_lower_bound
@@ -127,7 +127,7 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     ranks cannot hold, plus room for the head's K/V) is recomputed costs less, and the planner takes it."""
     from longpack.planners.base import Batch
     from longpack.planners.unified import Candidate, Unified
-    from longpack.planners.unified.layout import Timer
+    from longpack.planners.unified.layout import Rates
     from longpack.planners.unified.place import build
 
     cost = _cost("qwen2.5-7b", dp=16, cp=2)
@@ -138,9 +138,12 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     batch = Batch(0, np.arange(x.size), x, cap * 2, None)
     kb = next(k for k in range(cost.layers + 1) if cost.token_cap(k) >= 15_000)
     u = Unified()
-    lengths = dict(enumerate(x.tolist()))
-    ckpt = u._score(build(batch, ctx, Timer(2, cost), Candidate(2, kb, 1, float("inf")), set()), lengths, ctx)
-    tail = u._score(build(batch, ctx, Timer(2, cost), Candidate(2, kb, 1, float("inf"), True), set()), lengths, ctx)
+
+    def rates(d, k):
+        return Rates(cost, d, x, k)
+
+    ckpt = build(batch, ctx, rates, Candidate(2, kb, 1, float("inf")), set(), {}).score()
+    tail = build(batch, ctx, rates, Candidate(2, kb, 1, float("inf"), True), set(), {}).score()
     assert not tail[0] and tail[1] < ckpt[1]
     plan = u.plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
     plan.validate()
@@ -213,9 +216,9 @@ def test_unified_trades_option_sets_or_turns_off_trading_between_replicas(monkey
     calls: list[int] = []
     original = moves.trade
 
-    def record(reps, timer, cap, full, budget, trades=moves.TRADES):
+    def record(lay, budget, trades=moves.TRADES):
         calls.append(trades)
-        return original(reps, timer, cap, full, budget, trades)
+        return original(lay, budget, trades)
 
     monkeypatch.setattr(moves, "trade", record)
     cost = _cost("qwen2.5-7b", dp=4, cp=2)
@@ -228,13 +231,13 @@ def test_unified_trades_option_sets_or_turns_off_trading_between_replicas(monkey
     calls.clear()
     off = _plan(x, cost, steps=1, trades=0)
     assert calls == []
-    monkeypatch.setattr(moves, "trade", lambda reps, timer, cap, full, budget, trades=2: reps)
+    monkeypatch.setattr(moves, "trade", lambda lay, budget, trades=2: None)
     assert off.steps == _plan(x, cost, steps=1).steps
     assert simulate(on, cost).total_s <= simulate(off, cost).total_s  # a trade is kept only where it pays
 
 
-def test_unified_budget_bounds_the_local_search_by_simulated_layouts(monkeypatch):
-    """``--opt budget=N``: the local search simulates at most N layouts a global batch (counted, not timed, so
+def test_unified_budget_bounds_the_local_search_by_priced_layouts(monkeypatch):
+    """``--opt budget=N``: the local search prices at most N layouts a global batch (counted, not timed, so
     the plan is the same on any machine); 0 turns it off as ``refine=0`` does; more budget never plans slower."""
     from longpack.planners.unified import moves
 
@@ -285,189 +288,181 @@ def test_unified_chain_runs_its_short_piece_first_when_that_is_faster():
     assert times["chosen"] < 0.99 * times["even"]
 
 
-def test_unified_memoised_times_are_the_simulators_and_read_only():
-    """The planner's memo of micro-batch times (one per degree and planning call) gives what the simulator gives,
-    the same memory on a second call, read-only; a step simulated with it reports what it reports without."""
-    from longpack.plan import MicroBatch, Piece, Replica, Step
-    from longpack.planners.unified.layout import Timer
+def _layout(cost, d, lengths, reps, cap=None):
+    """A Layout of ``reps`` (per replica: ([(sharded positions), [(position, rank)]] per micro-batch, chain
+    micro-batches)) over samples 0..n-1 of ``lengths``; every free micro-batch at 0 checkpointed layers."""
+    from longpack.planners.unified.layout import Layout, Mb, Rates
+    from longpack.planners.unified.tail import chain_cost
+
+    r = Rates(cost, d, np.array(lengths), 0)
+    chains = [list(ch) for _, ch in reps]
+    chain_s, oom = chain_cost(chains, d, cost, dict(enumerate(lengths)), {})
+    return Layout([[Mb(r, list(sh), list(own)) for sh, own in free] for free, _ in reps], chains, chain_s, oom, cost,
+                  cap or cost.token_cap(0), 0.0, frozenset())
+
+
+def _step(lay):
+    from longpack.planners.base import assemble_step
+
+    return assemble_step(lay.micro_batches(list(range(100))), cp=lay.d, token_cap=lay.cap)
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-0.5b", "qwen2.5-7b"])
+def test_unified_closed_form_times_are_the_simulators(model):
+    """Eq. 2's closed form (layout.Rates, Mb) gives the simulator's seconds and per-rank tokens for random
+    micro-batches of whole samples at every degree and checkpointing, its exchange equals the cost model's at and
+    between the collective table's sizes, and a layout's score is the simulator's step time and memory verdict."""
+    from longpack.planners.unified.layout import Mb, Rates
     from longpack.sim.simulate import micro_batch_times, simulate_step
 
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        d, k = [1, 2, 4, 8][trial % 4], int(rng.integers(0, 5))
+        cost = _cost(model, dp=2, cp=d)
+        n = rng.integers(1, 40_000, 30)
+        r = Rates(cost, d, n, k)
+        pos = rng.choice(30, int(rng.integers(1, 12)), replace=False).tolist()
+        shared = [i for i in pos if d > 1 and rng.random() < 0.5]
+        mb = Mb(r, shared, [(i, int(rng.integers(0, d))) for i in pos if i not in shared])
+        want = micro_batch_times(mb.micro_batch(list(range(30))), d, cost)
+        assert mb.t == pytest.approx(float(want[0].max()), rel=1e-12)  # float sums in another order only
+        assert max(mb.tok) + mb.w == want[4].max()
+        for tokens in rng.integers(1, 3_000_000, 5).tolist() + [1, 2**20 // 256]:
+            assert r.x(tokens) == pytest.approx(cost.cp_comm_s(float(tokens), k), rel=1e-12)
     cost = _cost("qwen2.5-7b", dp=2, cp=2)
-    timer = Timer(2, cost)
-    mbs = [MicroBatch((Piece(0, 0, 9000, None), Piece(1, 0, 700, 0), Piece(2, 0, 400, 1))),
-           MicroBatch((Piece(3, 0, 3000, 0), Piece(4, 0, 2500, 1)), ckpt_layers=4),
-           MicroBatch((Piece(5, 0, 4000, None),), recompute=True)]
-    for mb in mbs:
-        first = timer(mb)
-        again = timer(MicroBatch(mb.pieces, mb.ckpt_layers, mb.recompute))  # equal by value: a hit
-        assert all(np.shares_memory(a, b) for a, b in zip(first, again, strict=True))  # a hit: no new times
-        for got, want in zip(first, micro_batch_times(mb, 2, cost), strict=True):
-            np.testing.assert_array_equal(got, want)
-        with pytest.raises(ValueError):
-            first[0][0] = 0.0
-    step = Step(cp=2, token_cap=cost.token_cap(4), replicas=(Replica(tuple(mbs[:2])), Replica((mbs[2], MicroBatch()))))
-    plan = Plan(planner="t", world=4, lengths={0: 9000, 1: 700, 2: 400, 3: 3000, 4: 2500, 5: 4000}, steps=(step,))
+    lengths = [9000, 700, 400, 3000, 2500, 4000, 30_000]
+    chain = [MicroBatch((Piece(6, 0, 15_000, None),), recompute=True), MicroBatch((Piece(6, 15_000, 30_000, None),))]
+    lay = _layout(cost, 2, lengths, [([([0], [(1, 0), (2, 1)]), ([], [(3, 0), (4, 1)])], []),
+                                     ([([5], [])], chain)])
+    step = _step(lay)
+    plan = Plan(planner="t", world=4, lengths=dict(enumerate(lengths)), steps=(step,))
     plan.validate()
-    assert simulate_step(0, step, plan, cost, bound=False, times=timer) == simulate_step(0, step, plan, cost,
-                                                                                         bound=False)
+    rep = simulate_step(0, step, plan, cost, bound=False)
+    assert lay.score() == (rep.oom, pytest.approx(rep.time_s, rel=1e-12))
 
 
 def test_unified_swaps_whole_micro_batches_between_replicas_exactly_and_leaves_chains_in_place():
-    """7B at DP3·CP2: one replica holds a two-piece chain and two regular micro-batches, another three regular
-    ones, the third a small one (1.95, 1.47 and 0.06 s). Balancing moves whole regular micro-batches only: the
-    chain's pieces stay in their replica and order, a moved micro-batch runs first in its new replica (no chain
-    holds memory there yet), every micro-batch is kept, the simulator's replica times are the sums the swaps worked
-    with, the slowest replica is faster, and no further swap or move from the slowest replica would lower it."""
+    """7B at DP3·CP2: one replica holds two regular micro-batches and a two-piece chain, another three regular
+    ones, the third a small one. Balancing moves whole regular micro-batches only: the chain stays in its replica
+    and order, a moved micro-batch runs first in its new replica (no chain holds memory there yet), every
+    micro-batch is kept, the simulator's replica times are the sums the moves worked with, the slowest replica is
+    faster, and no further swap or move from the slowest replica would lower it."""
     from collections import Counter
 
-    from longpack.plan import MicroBatch, Piece
-    from longpack.planners.base import assemble_step
-    from longpack.planners.unified.layout import Timer as _Timer
-    from longpack.planners.unified.moves import balance as _swap_micro_batches
+    from longpack.planners.unified.moves import balance
     from longpack.sim.simulate import simulate_step
 
     cost = _cost("qwen2.5-7b", dp=3, cp=2)
-    timer = _Timer(2, cost)
-    lengths = {0: 12_000, 1: 9_000, 2: 8_500, 3: 12_000, 4: 6_000, 5: 5_000, 6: 16_000, 7: 3_000, 8: 2_500, 9: 1_000}
+    lengths = [12_000, 9_000, 8_500, 12_000, 6_000, 5_000, 16_000, 3_000, 2_500, 1_000]
     chain = [MicroBatch((Piece(0, a, a + 6_000, None),), recompute=a == 0) for a in (0, 6_000)]
-    reps = [[MicroBatch((Piece(1, 0, 9_000, 0), Piece(2, 0, 8_500, 1))), *chain,
-             MicroBatch((Piece(3, 0, 12_000, None),))],
-            [MicroBatch((Piece(4, 0, 6_000, 0), Piece(5, 0, 5_000, 1))), MicroBatch((Piece(6, 0, 16_000, None),)),
-             MicroBatch((Piece(7, 0, 3_000, 0), Piece(8, 0, 2_500, 1)))],
-            [MicroBatch((Piece(9, 0, 1_000, None),))]]
+    lay = _layout(cost, 2, lengths, [([([], [(1, 0), (2, 1)]), ([3], [])], chain),
+                                     ([([], [(4, 0), (5, 1)]), ([6], []), ([], [(7, 0), (8, 1)])], []),
+                                     ([([9], [])], [])])
 
-    def totals(rs):
-        return [sum(float(timer(mb)[0].max()) for mb in r) for r in rs]
+    def kept(rs):
+        return Counter((tuple(mb.shared), tuple(mb.own)) for r in rs for mb in r)
 
-    got = _swap_micro_batches(reps, timer, lengths)
-    assert Counter(mb for r in got for mb in r) == Counter(mb for r in reps for mb in r)
-    assert [mb for mb in got[0] if mb in chain] == chain  # the chain stays, in order
-    for old, new in zip(reps, got, strict=True):
-        moved_in = [mb for mb in new if mb not in old]
-        assert new[:len(moved_in)] == moved_in  # newcomers run first
-    before, after = totals(reps), totals(got)
+    before_mbs, before = kept(lay.reps), [lay.replica_s(g) for g in range(3)]
+    old = [list(r) for r in lay.reps]
+    balance(lay)
+    after = [lay.replica_s(g) for g in range(3)]
+    assert kept(lay.reps) == before_mbs and lay.chains[0] == chain
+    for was, now in zip(old, lay.reps, strict=True):
+        moved_in = [mb for mb in now if mb not in was]
+        assert now[:len(moved_in)] == moved_in  # newcomers run first
     assert max(after) < max(before) - 0.1
-    step = assemble_step(got, cp=2, token_cap=cost.token_cap(0))
-    plan = Plan(planner="t", world=6, lengths=lengths, steps=(step,))
+    step = _step(lay)
+    plan = Plan(planner="t", world=6, lengths=dict(enumerate(lengths)), steps=(step,))
     plan.validate()
     rep = simulate_step(0, step, plan, cost, bound=False)
     assert not rep.oom
     np.testing.assert_allclose(rep.replica_s, after, rtol=1e-12)
     slow = int(np.argmax(after))
-    free = [x for x, mb in enumerate(got[slow]) if mb not in chain]
     for g in set(range(3)) - {slow}:
-        for x in free:
-            for y in [*range(len(got[g])), None]:
-                rs = [list(r) for r in got]
-                mb = rs[slow].pop(x)
-                if y is not None:
-                    rs[slow].append(rs[g].pop(y))
-                rs[g].append(mb)
-                assert max(totals(rs)) >= max(after) * (1 - 1e-9)
+        for give in lay.reps[slow]:
+            for y in [*range(len(lay.reps[g])), None]:
+                back = lay.reps[g][y].t if y is not None else 0.0
+                new = [after[slow] - give.t + back, after[g] + give.t - back]
+                assert max(new + [t for h, t in enumerate(after) if h not in (slow, g)]) >= max(after) * (1 - 1e-9)
 
 
 def test_unified_repack_moves_a_share_beside_own_work_and_empties_a_micro_batch():
     """7B at CP2: a share-only micro-batch near the cap (its exchange exposed), one with two own samples and room,
     and a small one holding a 6K share and a 300-token own sample. Repacking puts the 6K share beside the own work
     (its exchange hidden) and the small own sample under the big share's exchange: one micro-batch fewer, every
-    piece kept, within the cap and memory, the simulator's time the sum it worked with, and no single move of a
-    piece to another micro-batch or rank lowers it further. Micro-batches from a replica's first chain piece on
-    are left as they are (the chain holds memory there); those before it are repacked alike."""
+    sample kept, within the cap and memory, the simulator's time the sum it worked with, and no single move of a
+    sample to another micro-batch or rank lowers it further."""
     from collections import Counter
 
-    from longpack.plan import MicroBatch, Piece
-    from longpack.planners.base import assemble_step
-    from longpack.planners.unified.layout import Timer as _Timer
     from longpack.planners.unified.moves import Budget, repack
-
-    def _repack(mbs, timer, cap, full):
-        return repack(mbs, timer, cap, full, Budget(10**6))
     from longpack.sim.simulate import simulate_step
 
     cost = _cost("qwen2.5-7b", dp=64, cp=2)
     cap = cost.token_cap(0)
-    timer = _Timer(2, cost)
-    lengths = {0: 2 * (cap - 400), 1: 8_000, 2: 7_600, 3: 6_000, 4: 300}
-    mbs = [MicroBatch((Piece(0, 0, lengths[0], None),)),
-           MicroBatch((Piece(1, 0, 8_000, 0), Piece(2, 0, 7_600, 1))),
-           MicroBatch((Piece(3, 0, 6_000, None), Piece(4, 0, 300, 0)))]
+    lengths = [2 * (cap - 400), 8_000, 7_600, 6_000, 300]
+    lay = _layout(cost, 2, lengths, [([([0], []), ([], [(1, 0), (2, 1)]), ([3], [(4, 0)])], [])])
+    mbs = lay.reps[0]
 
     def total(ms):
-        return sum(timer.seconds(mb) for mb in ms)
+        return sum(mb.t for mb in ms)
 
     def kinds(ms):
-        return Counter((p.sample, p.start, p.stop, p.cp_rank is None) for mb in ms for p in mb.pieces)
+        return Counter((i, j < 0) for mb in ms for i, j in [(i, -1) for i in mb.shared] + mb.own)
 
-    got = _repack(mbs, timer, cap, lengths)
-    assert len(got) == 2 and kinds(got) == kinds(mbs)
-    assert {p.sample for p in got[0].pieces} == {1, 2, 3} and {p.sample for p in got[1].pieces} == {0, 4}
-    assert total(got) < total(mbs) - 0.03
-    step = assemble_step([got], cp=2, token_cap=cap)
-    plan = Plan(planner="t", world=2, lengths=lengths, steps=(step,))
+    before, was = total(mbs), kinds(mbs)
+    repack(mbs, cap, Budget(10**6))
+    assert len(mbs) == 2 and kinds(mbs) == was
+    assert {*mbs[0].shared, *(i for i, _ in mbs[0].own)} == {0, 4} or \
+        {*mbs[1].shared, *(i for i, _ in mbs[1].own)} == {0, 4}
+    assert total(mbs) < before - 0.03
+    step = _step(lay)
+    plan = Plan(planner="t", world=2, lengths=dict(enumerate(lengths)), steps=(step,))
     plan.validate()
-    rep = simulate_step(0, step, plan, _cost("qwen2.5-7b", dp=64, cp=2), bound=False)
+    rep = simulate_step(0, step, plan, cost, bound=False)
     assert not rep.oom
-    np.testing.assert_allclose(rep.replica_s, [total(got)], rtol=1e-12)
-    for a, src in enumerate(got):
-        for x, p in enumerate(src.pieces):
-            rest = MicroBatch(src.pieces[:x] + src.pieces[x + 1:])
-            for b in range(len(got)):
-                for rank in ([None] if p.cp_rank is None else [0, 1]):
-                    if b == a and rank in (None, p.cp_rank):
+    np.testing.assert_allclose(rep.replica_s, [total(mbs)], rtol=1e-12)
+    from longpack.planners.unified.moves import members, trial
+
+    for a, src in enumerate(mbs):
+        for p in members(src):
+            rest = trial(src, cap, (p,))
+            for b, dst in enumerate(mbs):
+                for rank in ([-1] if p[1] < 0 else [0, 1]):
+                    if b == a and rank == p[1]:
                         continue
-                    moved = Piece(p.sample, p.start, p.stop, rank)
-                    ms = list(got)
-                    ms[a] = rest
-                    ms[b] = MicroBatch(ms[b].pieces + (moved,))
-                    if all(max(mb.rank_tokens(2)) <= cap for mb in ms):
-                        assert total(ms) >= total(got) - 1e-12
-    chain = [MicroBatch((Piece(0, 0, lengths[0] // 2, None),), recompute=True),
-             MicroBatch((Piece(0, lengths[0] // 2, lengths[0], None),)), *mbs[1:]]
-    assert _repack(chain, timer, cap, lengths) == chain
-    lengths[5] = 2 * cap
-    tail = [MicroBatch((Piece(5, 0, cap, None),), recompute=True), MicroBatch((Piece(5, cap, 2 * cap, None),))]
-    assert _repack(mbs + tail, timer, cap, lengths) == got + tail
+                    if b == a:
+                        moved = trial(src, cap, (p,), ((p[0], rank),))
+                        assert moved is None or moved >= src.t - 1e-12
+                        continue
+                    grown = trial(dst, cap, (), ((p[0], rank),))
+                    if rest is not None and grown is not None:
+                        assert rest + grown >= src.t + dst.t - 1e-12
 
 
 def test_unified_trades_near_equal_own_samples_between_replicas_onto_a_waiting_rank():
-    """7B at CP2, two replicas. Replica 0 pairs a 9,000-token own sample with a 6,000 one (rank 0 sets the micro-batch's
-    time) and has a second micro-batch, so it is the slowest; replica 1 pairs 10,000 on rank 0 with 8,900 on
-    rank 1, whose rank 1 waits for rank 0. Trading the 9,000 for the 8,900 shortens replica 0 and leaves replica
-    1's time as it was: work no whole-micro-batch swap can save. The trade is the one found, every piece is kept,
-    the simulator's replica times are the sums it worked with, and a chain's micro-batches stay as they are."""
-    from collections import Counter
-
-    from longpack.plan import MicroBatch, Piece
-    from longpack.planners.base import assemble_step
-    from longpack.planners.unified.layout import Timer as _Timer
+    """7B at CP2, two replicas. Replica 0 pairs a 9,000-token own sample with a 6,000 one (rank 0 sets the
+    micro-batch's time) and has a second micro-batch, so it is the slowest; replica 1 pairs 10,000 on rank 0 with
+    8,900 on rank 1, whose rank 1 waits for rank 0. Trading the 9,000 for the 8,900 shortens replica 0 and leaves
+    replica 1's time as it was: work no whole-micro-batch swap can save. The trade is the one found, every sample
+    is kept, the simulator's replica times are the sums it worked with, and a chain's micro-batches stay."""
     from longpack.planners.unified.moves import Budget, trade
     from longpack.sim.simulate import simulate_step
 
     cost = _cost("qwen2.5-7b", dp=64, cp=2)  # ZeRO over 128 ranks: a rank holds 12K tokens
-    cap = cost.token_cap(0)
-    timer = _Timer(2, cost)
-    lengths = {0: 9_000, 1: 6_000, 2: 10_000, 3: 8_900, 4: 2_000, 5: 4_000, 6: 3_000}
-    reps = [[MicroBatch((Piece(0, 0, 9_000, 0), Piece(1, 0, 6_000, 1))),
-             MicroBatch((Piece(5, 0, 4_000, 0), Piece(6, 0, 3_000, 1)))],
-            [MicroBatch((Piece(2, 0, 10_000, 0), Piece(3, 0, 8_900, 1))),
-             MicroBatch((Piece(4, 0, 1_000, None),)), MicroBatch((Piece(4, 1_000, 2_000, None),))]]
-
-    def totals(rs):
-        return [sum(timer.seconds(mb) for mb in r) for r in rs]
-
-    before = totals(reps)
+    lengths = [9_000, 6_000, 10_000, 8_900, 2_000, 4_000, 3_000]
+    chain = [MicroBatch((Piece(4, 0, 1_000, None),)), MicroBatch((Piece(4, 1_000, 2_000, None),))]
+    lay = _layout(cost, 2, lengths, [([([], [(0, 0), (1, 1)]), ([], [(5, 0), (6, 1)])], []),
+                                     ([([], [(2, 0), (3, 1)])], chain)])
+    before = [lay.replica_s(g) for g in range(2)]
     assert before[0] > before[1]
-    got = trade(reps, timer, cap, lengths, Budget(10**6))
-    assert Counter((p.sample, p.start, p.stop) for r in got for mb in r for p in mb.pieces) == \
-        Counter((p.sample, p.start, p.stop) for r in reps for mb in r for p in mb.pieces)
-    assert got[0][0].pieces == (Piece(1, 0, 6_000, 1), Piece(3, 0, 8_900, 0))
-    assert got[1][0].pieces == (Piece(2, 0, 10_000, 0), Piece(0, 0, 9_000, 1))
-    assert got[0][1:] == reps[0][1:] and got[1][1:] == reps[1][1:]
-    after = totals(got)
+    trade(lay, Budget(10**6))
+    assert lay.reps[0][0].own == [(1, 1), (3, 0)] and lay.reps[1][0].own == [(2, 0), (0, 1)]
+    assert lay.reps[0][1].own == [(5, 0), (6, 1)] and lay.chains[1] == chain
+    after = [lay.replica_s(g) for g in range(2)]
     assert after[0] < before[0] - 0.005
     assert after[1] == pytest.approx(before[1], abs=1e-12)
-    step = assemble_step(got, cp=2, token_cap=cap)
-    plan = Plan(planner="t", world=4, lengths=lengths, steps=(step,))
+    step = _step(lay)
+    plan = Plan(planner="t", world=4, lengths=dict(enumerate(lengths)), steps=(step,))
     plan.validate()
     rep = simulate_step(0, step, plan, cost, bound=False)
     assert not rep.oom

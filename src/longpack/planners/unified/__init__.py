@@ -4,14 +4,13 @@ Per global batch:
 
 1. **Knobs** (planners/unified/knobs.py): every candidate setting of CP degree, checkpointing, micro-batch budget
    and sharding threshold, each one paper's lever made a choice.
-2. **One greedy placement** per candidate (place.py, tail.py, layout.py): chains and big samples, then sharded
-   samples, then whole samples to replicas and ranks by cost-model seconds, packed into micro-batches by Eq. 2.
-   Each is scored by the simulator's terms (over memory, step time); a candidate placing exactly as an earlier
-   one is skipped.
+2. **One greedy placement** per candidate (place.py, tail.py): chains and big samples, then sharded samples, then
+   whole samples to replicas and ranks by cost-model seconds, packed into micro-batches (layout.py) whose times
+   are Eq. 2's closed form, the simulator's own terms; a candidate placing exactly as an earlier one is skipped.
 3. **Local search** (moves.py, one pipeline stage): the two best layouts of the best degree (and its best of
    another sharding) and the best of the next two are balanced by moving whole micro-batches between replicas;
-   the fastest is searched further, in rounds of repacking pieces within a replica and trading pieces between
-   replicas, within ``--opt budget`` simulated layouts.
+   the fastest is searched further, in rounds of repacking samples within a replica and trading samples between
+   replicas, within ``--opt budget`` priced layouts.
 4. **Beside chains** (planners/beside.py): micro-batches emptied into the room beside chains' last pieces, kept
    where the simulator says it is faster.
 5. **Groups of several sizes** (planners/groups.py, ``mixed_groups``): a step that shards a sample laid out again
@@ -20,33 +19,36 @@ Per global batch:
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (ties by position). The candidate (d = cp, configured k, K = 1, α = ∞), plain
 cost-balanced packing with memory-forced sharding, is always scored and every later phase only keeps what the
-simulator says is no slower, so the result is never slower than that plan when it fits memory.
+simulator's terms say is no slower, so the result is never slower than that plan when it fits memory.
 
-Cost: C candidates × O(n log n + n · replicas) placement and O(micro-batches) scoring, C ≤ |degrees| · 2 · |splits|
-· 6; the local search simulates at most ``budget`` layouts (default ``BUDGET`` per sample of the batch). Figures per
-batch and per epoch are in docs/BENCHMARKS.md ("Planning cost").
+Cost: C candidates × O(n log n + n · replicas) placement and O(n) scoring, C ≤ |degrees| · 2 · |splits| · 6; the
+local search prices at most ``budget`` layouts (default ``BUDGET`` per sample of the batch), O(d) each. Figures
+per batch and per epoch are in docs/BENCHMARKS.md ("Planning cost").
 
 Options: ``degrees``, ``splits``, ``alphas`` (the knobs' values), ``widen`` (1: CP groups wider than ``--cp``),
-``shard_chains`` (0: chains only at CP degree 1, what ``longpack train`` sets), ``budget`` (simulated layouts the
-local search may try; 0 turns it and the beside-chains phase off; ``refine=0`` is the same), ``trades`` (most trades
+``shard_chains`` (0: chains only at CP degree 1, what ``longpack train`` sets), ``budget`` (layouts the local
+search may price; 0 turns it and the beside-chains phase off; ``refine=0`` is the same), ``trades`` (most trades
 between replicas per replica and round; 0: none), ``mixed_groups`` (0: one degree a step).
 """
 
 from __future__ import annotations
 
-from ...plan import Plan, Step
+import math
+from collections.abc import Callable
+
+from ...plan import MicroBatch, Plan, Step
 from ...sim.simulate import _with_cp, simulate_step
-from ..base import Batch, PlanContext, Planner, register
+from ..base import Batch, PlanContext, Planner, assemble_step, register
 from ..beside import fill_step
-from ..groups import regroup
+from ..groups import MIN_GAIN, regroup
 from .knobs import Candidate, candidates, count, divisors, flag, numbers
-from .layout import Layout, Timer
+from .layout import Layout, Rates, floor
 from .moves import BUDGET, Budget, balance, search
 from .place import build
 
 __all__ = ["Unified", "Candidate"]
 
-Key = tuple[bool, float, int]  # (over memory, simulated seconds, candidate order)
+Key = tuple[bool, float, int]  # (over memory, seconds, candidate order)
 
 
 @register
@@ -57,44 +59,65 @@ class Unified(Planner):
     options = ("alphas", "budget", "degrees", "refine", "splits", "trades", "mixed_groups", "shard_chains", "widen")
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
-        lengths = {int(s): int(n) for s, n in zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True)}
-        finalists = self._finalists(batch, ctx, lengths)
+        lengths = dict(zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True))
+        samples = batch.samples.tolist()
+        cache: dict[tuple[int, int], Rates] = {}
+
+        def rates(d: int, k: int) -> Rates:
+            """The batch's Eq. 2 terms at CP degree d with k checkpointed layers (memoised for this call)."""
+            if (d, k) not in cache:
+                cost = _with_cp(ctx.cost, d, ctx.world // d) if d != ctx.cp else ctx.cost
+                cache[d, k] = Rates(cost, d, batch.lengths, k)
+            return cache[d, k]
+
+        finalists = self._finalists(batch, ctx, lengths, rates)
         budget = Budget(self._budget(ctx, batch.samples.size))
         one_stage = ctx.cost.cfg.pp == 1
         best: tuple[Key, Layout] | None = None
-        for key, layout in finalists:
+        for key, lay in finalists:
             if one_stage and budget.left > 0 and not key[0]:
-                layout.reps = balance([layout.replica(g) for g in range(len(layout.own))], layout.timer, layout.full)
-                key = (*self._score(layout, lengths, ctx), key[2])
+                balance(lay)
+                key = (*self._score(lay, ctx, samples, lengths), key[2])
             if best is None or key < best[0]:
-                best = (key, layout)
+                best = (key, lay)
         assert best is not None
-        layout = best[1]
+        lay = best[1]
         if one_stage and budget.left > 0 and not best[0][0]:
-            layout.reps = search(layout.reps or [], layout.timer, layout.cap, layout.full, budget,
-                                 count(ctx, "trades", "2"))
-        step = self._fill(layout, lengths, ctx) if self._budget(ctx, 1) else layout.step()
-        if flag(ctx.option("mixed_groups", True)):  # sizes of --opt degrees, else divisors of --cp unless widened
+            search(lay, budget, count(ctx, "trades", "2"))
+        step = self._step(lay, samples)
+        if self._budget(ctx, 1) and any(lay.chains):
+            step = self._fill(step, lay, ctx, lengths)
+        shards = any(mb.shared for rep in lay.reps for mb in rep)
+        if flag(ctx.option("mixed_groups", True)) and one_stage and shards and not any(lay.chains):
+            # sizes of --opt degrees, else divisors of --cp unless widened; searched only where the closed form's
+            # bound on groups of those sizes leaves room for the gain regroup asks
             sizes = numbers(ctx, "degrees", int, "8,4,2,1", "integers") or (
                 None if flag(ctx.option("widen", False)) else divisors(ctx.cp))
-            step = regroup(step, lengths, ctx.cost, self.name, sizes)
+            if floor([rates(d, ctx.ckpt_layers) for d in sizes or divisors(ctx.world)]) < (1 - MIN_GAIN) * \
+                    lay.score()[1]:
+                step = regroup(step, lengths, ctx.cost, self.name, sizes)
         return step
 
-    def _finalists(self, batch: Batch, ctx: PlanContext, lengths: dict[int, int]) -> list[tuple[Key, Layout]]:
+    def _finalists(self, batch: Batch, ctx: PlanContext, lengths: dict[int, int],
+                   rates: Callable[[int, int], Rates]) -> list[tuple[Key, Layout]]:
         """Every candidate placed and scored; the two best of the best degree (and its best of another sharding)
         and the best of the next two degrees."""
         seen: set[tuple] = set()
-        timers: dict[int, Timer] = {}  # per degree: memoised micro-batch times, shared by its candidates
+        memos: dict[int, dict[MicroBatch, tuple]] = {}  # per degree: the simulator's chain micro-batch times
+        samples = batch.samples.tolist()
+
         per_degree: dict[int, list[tuple[Key, Layout]]] = {}
-        for c in candidates(batch, ctx):
-            if c.degree not in timers:
-                timers[c.degree] = Timer(c.degree, _with_cp(ctx.cost, c.degree, ctx.world // c.degree)
-                                         if c.degree != ctx.cp else ctx.cost)
-            layout = build(batch, ctx, timers[c.degree], c, seen)
-            if layout is None:  # infeasible, or the same placement as an earlier candidate
+        best = math.inf  # the fastest layout within memory so far: a degree whose bound reaches it is skipped
+        for c in candidates(batch, ctx, rates):
+            if ctx.cost.cfg.pp == 1 and rates(c.degree, ctx.ckpt_layers).bound >= best:
+                continue
+            lay = build(batch, ctx, rates, c, seen, memos.setdefault(c.degree, {}))
+            if lay is None:  # infeasible, or the same placement as an earlier candidate
                 continue
             kept = per_degree.setdefault(c.degree, [])
-            kept.append(((*self._score(layout, lengths, ctx), len(seen)), layout))
+            kept.append(((*self._score(lay, ctx, samples, lengths), len(seen)), lay))
+            if not kept[-1][0][0]:
+                best = min(best, kept[-1][0][1])
             kept.sort(key=lambda kv: kv[0])
             # and the best that shards other samples than the best, when the two best shard the same (the
             # greedy's times of two shardings can be close while the search moves them apart)
@@ -116,25 +139,33 @@ class Unified(Planner):
         given = count(ctx, "budget", "4000")
         return BUDGET * samples if given is None else given
 
-    def _score(self, layout: Layout, lengths: dict[int, int], ctx: PlanContext, step: Step | None = None
+    @staticmethod
+    def _step(lay: Layout, samples: list[int]) -> Step:
+        return assemble_step(lay.micro_batches(samples), cp=lay.d, token_cap=lay.cap)
+
+    def _score(self, lay: Layout, ctx: PlanContext, samples: list[int], lengths: dict[int, int]
                ) -> tuple[bool, float]:
-        """(over memory, simulated step time) of a layout (or ``step``, laid out at its degree)."""
-        step = step or layout.step()
-        if layout.cost.cfg.pp == 1 and not step.mixed:
-            return layout.timer.score(step, lengths)
+        """(over memory, simulated step time) of a layout: Eq. 2's closed form with one pipeline stage, else the
+        simulator's pipeline schedule of its step."""
+        if ctx.cost.cfg.pp == 1:
+            return lay.score()
+        return self._simulated(self._step(lay, samples), lengths, lay, ctx)
+
+    def _simulated(self, step: Step, lengths: dict[int, int], lay: Layout, ctx: PlanContext) -> tuple[bool, float]:
         plan = Plan(planner=self.name, world=ctx.world, lengths=lengths, steps=(step,))
-        rep = simulate_step(0, step, plan, layout.cost, bound=False, times=layout.timer)
+        rep = simulate_step(0, step, plan, lay.cost, bound=False)
         return rep.oom, rep.time_s
 
-    def _fill(self, layout: Layout, lengths: dict[int, int], ctx: PlanContext) -> Step:
-        """The layout's step with micro-batches emptied beside chains' last pieces, or beside those and
-        recomputed chunks: the fastest of the three in the simulator (ties: the fewer micro-batches)."""
-        step = layout.step()
-        filled = [f for f in (fill_step(step, layout.cost, lengths.__getitem__, recomputed=r) for r in (False, True))
+    def _fill(self, step: Step, lay: Layout, ctx: PlanContext, lengths: dict[int, int]) -> Step:
+        """The step with micro-batches emptied beside chains' last pieces, or beside those and recomputed chunks:
+        the fastest of the three in the simulator (ties: the fewer micro-batches)."""
+        filled = [f for f in (fill_step(step, lay.cost, lengths.__getitem__, recomputed=r) for r in (False, True))
                   if f.replicas != step.replicas]
         if len(filled) == 2 and filled[0].replicas == filled[1].replicas:
             filled = filled[1:]
-        best = (self._score(layout, lengths, ctx, step), 0, step)
+        if not filled:
+            return step
+        best = (self._simulated(step, lengths, lay, ctx), 0, step)
         for n, f in enumerate(filled, start=1):
-            best = min(best, (self._score(layout, lengths, ctx, f), -n, f), key=lambda t: t[:2])
+            best = min(best, (self._simulated(f, lengths, lay, ctx), -n, f), key=lambda t: t[:2])
         return best[2]

@@ -8,7 +8,9 @@ A :class:`Candidate` is one setting of four knobs, each one paper's lever made a
   (HBP's checkpointing where it pays; only the micro-batches holding such samples pay it). ``tail``: its twin,
   which runs those samples instead as chains whose head, what a rank cannot hold, is recomputed.
 * ``split`` K: a micro-batch holds at most cap(k) // K tokens a rank; longer samples become ChunkFlow chains whose
-  last K chunks keep their activations. Only tried where chains exist or with pipeline stages.
+  last K chunks keep their activations. Tried with pipeline stages (1, 2, 4, 8: smaller micro-batches shorten
+  the bubbles); with one stage (1, 2, 4) only where a chain's unit sets the step's bound (the chain is the
+  critical path, and more kept chunks recompute less of it), elsewhere K = 1 unless ``--opt splits`` asks.
 * ``alpha`` α: a sample that fits a rank is still sharded when its whole-rank time exceeds α·τ (τ: the mean rank
   load), at the step's longest unit (``unit``), or that less the lightest replica's shared work (``light``).
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from ...sim.bounds import min_ckpt
 from ..base import Batch, PlanContext
+from .layout import Rates
 from .tail import times
 
 __all__ = ["Candidate", "candidates", "UNIT", "LIGHT", "count", "numbers", "divisors", "flag"]
@@ -42,25 +45,29 @@ class Candidate(NamedTuple):
     tail: bool = False  # big samples as two-piece chains (small recomputed head, kept tail) instead of ckpt
 
 
-def candidates(batch: Batch, ctx: PlanContext) -> list[Candidate]:
-    """Every candidate of one batch, in the order the search breaks ties by (the plain packing first)."""
+def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates]) -> list[Candidate]:
+    """Every candidate of one batch, in the order the search breaks ties by (the plain packing first);
+    ``rates(d, k)``: the batch's Eq. 2 terms at a degree."""
     cost, world = ctx.cost, ctx.world
     degrees = numbers(ctx, "degrees", int, "8,4,2,1", "integers") or _degrees(batch, ctx)
     for d in degrees:
         if d < 1 or world % d:
             raise ValueError(f"--opt degrees: {d} must divide the world size {world} (--dp x --cp)")
-    splits = numbers(ctx, "splits", int, "1,2,4", "integers") or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
+    given = numbers(ctx, "splits", int, "1,2,4", "integers")
+    splits = given or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
     alphas = numbers(ctx, "alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light") or list(ALPHAS)
     longest, k0 = float(batch.lengths.max()), ctx.ckpt_layers
     out = []
     for d in degrees:
+        work, unit = rates(d, k0).forms
+        critical = given or float(unit.max()) > float(work.sum()) / world  # a chain's unit sets the bound
         ckpts = [k0]
         k = int(min_ckpt(np.array([-(-longest // d)]), cost)[0])  # the longest sharded whole, no chain
         if k > k0:
             ckpts.append(k)
         for k in ckpts:
-            chains = longest > cost.token_cap(k) * d  # one stage: a smaller budget only adds micro-batches
-            for split in (splits if cost.cfg.pp > 1 or chains else splits[:1]):
+            chains = longest > cost.token_cap(k) * d
+            for split in (splits if cost.cfg.pp > 1 or (chains and critical) else splits[:1]):
                 out += [Candidate(d, k, split, a) for a in (alphas if d > 1 else alphas[:1])]
                 twin = k > k0 or (chains and split == splits[0])
                 if twin and (d == 1 or flag(ctx.option("shard_chains", True))):

@@ -1,182 +1,221 @@
-"""One candidate's placement as micro-batches, timed by the simulator's own terms.
+"""Micro-batches of whole samples in Eq. 2's closed form: running sums, timed in O(d), exactly as the simulator.
 
-A :class:`Layout` holds, per replica, its sharded samples, each rank's whole samples, and the big and chain
-micro-batches that follow (planners/unified/tail.py). A replica's micro-batches are packed on demand: the fewest
-micro-batches m that hold every rank's tokens within the budget B, sharded samples, heaviest first, to the lightest
-micro-batch with room, then each rank's samples to the micro-batch that is lightest after adding in Eq. 2 terms
-(own work up to the micro-batch's K/V exchange is free); m + 1 when one fits nowhere.
+For a micro-batch of whole samples (no chain piece, padding or recompute) at CP degree d with k checkpointed
+layers, :func:`~longpack.sim.simulate.micro_batch_times` reduces to
 
-:class:`Timer` memoises :func:`~longpack.sim.simulate.micro_batch_times` per micro-batch for one planning call and
-scores a step as :func:`~longpack.sim.simulate.simulate_step` does with one pipeline stage (a replica's time is the
-sum of its micro-batches'). Memory: O(distinct micro-batches · d), dropped with the call.
+    t = max(X(N), max_j L_j) + Σ_sharded σ_i + h
+
+* ``L_j`` = Σ λ_i over rank j's own samples, λ_i = c·n_i + attn(½n_i², n_i) + doc: a sample's whole-rank seconds
+  (c: linear seconds a token at full GEMM efficiency);
+* ``σ_i`` = c·⌈n_i/d⌉ + attn(½n_i²/d, n_i/2d) + 2·doc: one rank's share of a sharded sample (zigzag blocks);
+* ``X(N)`` the K/V exchange of the N tokens sharded in it, ``h`` the launch cost plus the small-GEMM loss.
+
+Own work hides under the exchange; shares and h add on every rank. :class:`Rates` holds λ, σ and ⌈n/d⌉ of a
+batch's samples at one (d, k); :class:`Mb` is one micro-batch as those sums, so a planner prices adding, removing
+or swapping a sample in O(d) without building it. :func:`pack` packs one replica's samples into the fewest such
+micro-batches. ``tests/test_unified.py`` checks the closed form against the simulator on random micro-batches.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left, bisect_right
+from functools import cached_property
+
 import numpy as np
 
 from ...cost import CostModel
-from ...plan import MicroBatch, Piece, Step
-from ...sim.memory import ReplicaMemory
-from ...sim.simulate import micro_batch_times
-from ..base import Batch, assemble_step
+from ...hardware import MB
+from ...plan import MicroBatch, Piece
 
-__all__ = ["Timer", "Layout", "holds_chunk"]
+__all__ = ["Rates", "Mb", "pack", "floor", "Layout"]
 
 
-class Timer:
-    """Memoised micro-batch times at CP degree ``d``: six per-rank rows, read-only, shared by callers."""
+class Rates:
+    """λ (``own``), σ (``share``), ⌈n/d⌉ (``w``) and n of a batch's samples by position, at CP degree d with k
+    checkpointed layers on ``cost`` (the cost model at that degree); ``h``, the exchange ``x``, and ``mem``, the
+    most tokens a rank holds within memory. Lists, for scalar loops; O(n) to build."""
 
-    def __init__(self, d: int, cost: CostModel) -> None:
-        self.d, self.cost = d, cost
-        self._memo: dict[MicroBatch, tuple[np.ndarray, ...]] = {}
-        self._sec: dict[MicroBatch, float] = {}
-        self._over: dict[MicroBatch, bool] = {}
+    def __init__(self, cost: CostModel, d: int, n: np.ndarray, k: int) -> None:
+        s = n.astype(np.float64)
+        c = float(cost.linear_s(1.0, k, ideal=True))
+        pairs = cost.cfg.causal_factor * s * s
+        self.cost, self.d, self.k, self.n = cost, d, k, n.tolist()
+        self.own_a = c * s + np.asarray(cost.attn_s(pairs, s, k)) + float(cost.docs_s(1))
+        w = -(-n // d)
+        self.share_a = c * w + np.asarray(cost.attn_s(pairs / d, s / (2 * d), k)) + float(cost.docs_s(2))
+        self.own, self.share, self.w = self.own_a.tolist(), self.share_a.tolist(), w.tolist()
+        self.h = float(cost.linear_s(1.0, k)) - c + cost.fixed_s
+        mem = math.floor(cost.memory_tokens(k))
+        while mem > 0 and cost.memory_bytes(float(mem), k) > cost.hw.memory_bytes:
+            mem -= 1
+        self.mem = mem
+        # the exchange is piecewise linear in tokens between the collective tables' sizes: kept as its values there
+        # and the slope past the last (and 0 below the first, its latency floor); ``slopes``: least slope from
+        # each point on, for :func:`~.place.deal_shared`'s pruning
+        kvb = cost.kv_bytes_per_token
+        self.xs = sorted({mb * MB / kvb for rows in cost.hw.collectives.values() for mb, _ in rows})
+        self.ys = [float(cost.cp_comm_s(t, k)) for t in self.xs]
+        end = (float(cost.cp_comm_s(2 * self.xs[-1], k)) - self.ys[-1]) / self.xs[-1]
+        steps = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in
+                 zip(self.xs, self.xs[1:], self.ys, self.ys[1:], strict=False)]
+        self.end, self.slopes = end, [min([*steps[i:], end]) for i in range(len(steps) + 1)]
 
-    def __call__(self, mb: MicroBatch) -> tuple[np.ndarray, ...]:
-        hit = self._memo.get(mb)
-        if hit is None:
-            rows = np.stack(micro_batch_times(mb, self.d, self.cost))
-            rows.flags.writeable = False
-            hit = self._memo[mb] = tuple(rows)
-        return hit
+    @cached_property
+    def forms(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per sample, (the least GPU-seconds it costs: whole on a rank, or d shares; its least seconds on the
+        ranks that run it: whole, or its share plus its own exchange). A chain's pieces only exceed its whole."""
+        unit, work = self.own_a, self.own_a
+        if self.d > 1:
+            unit = np.minimum(unit, self.share_a + self.cost.cp_comm_s(np.asarray(self.n, dtype=np.float64), self.k))
+            work = np.minimum(work, self.d * self.share_a)
+        return work, unit
 
-    def seconds(self, mb: MicroBatch) -> float:
-        """The micro-batch's simulated time: its slowest rank's (0 when empty)."""
-        hit = self._sec.get(mb)
-        if hit is None:
-            hit = self._sec[mb] = float(self(mb)[0].max()) if mb.pieces else 0.0
-        return hit
+    @cached_property
+    def bound(self) -> float:
+        """Least step seconds any layout at this degree takes in these terms: :func:`floor` of its forms."""
+        return floor([self])
 
-    def fits(self, mb: MicroBatch, cap: int) -> bool:
-        """Whether a micro-batch no chain holds memory in fits the cap and memory on every rank."""
-        t = self(mb)
-        return bool(np.all(t[4] <= cap)) and not self.over(mb)
 
-    def over(self, mb: MicroBatch) -> bool:
-        """Whether a micro-batch no chain holds memory in exceeds memory on some rank, as the simulator prices it."""
-        hit = self._over.get(mb)
-        if hit is None:
-            cost, t = self.cost, self(mb)
-            peak = cost.memory_bytes(t[4], mb.ckpt_layers, t[5]) if mb.pieces else cost.memory_bytes(0.0)
-            hit = self._over[mb] = bool(np.any(np.asarray(peak) > cost.hw.memory_bytes))
-        return hit
+    def x(self, tokens: float) -> float:
+        """K/V exchange seconds of ``tokens`` sharded tokens in one micro-batch (:meth:`CostModel.cp_comm_s`)."""
+        xs, ys = self.xs, self.ys
+        if tokens <= xs[0]:
+            return ys[0] if tokens > 0 else 0.0
+        i = bisect_left(xs, tokens)
+        if i == len(xs):
+            return ys[-1] + (tokens - xs[-1]) * self.end
+        return ys[i - 1] + (tokens - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
 
-    def total(self, mbs: list[MicroBatch]) -> float:
-        """Simulated time of micro-batches run one after another (one pipeline stage)."""
-        return sum(self.seconds(mb) for mb in mbs)
+    def least_slope(self, tokens: float) -> float:
+        """A lower bound on the exchange's growth per token from ``tokens`` sharded tokens on."""
+        return self.slopes[bisect_right(self.xs, tokens) - 1] if tokens >= self.xs[0] else 0.0
 
-    def score(self, step: Step, lengths: dict[int, int]) -> tuple[bool, float]:
-        """(over memory, simulated time) of a one-stage step at this degree, as :func:`simulate_step` reports
-        them; memory is walked only in replicas with chain pieces. O(micro-batches)."""
-        oom, slowest, work = False, 0.0, False
-        for rep in step.replicas:
-            mbs = rep.micro_batches
-            slowest = max(slowest, self.total(list(mbs)))
-            work = work or any(mb.pieces for mb in mbs)
-            if oom:
-                continue
-            if any(holds_chunk(mb, lengths) for mb in mbs):
-                walk = ReplicaMemory(self.cost, self.d, lengths.__getitem__)
-                for mb in mbs:
-                    t = self(mb)
-                    oom = oom or bool(np.any(walk.peak(mb, t[4], t[5]) > self.cost.hw.memory_bytes))
-            else:
-                oom = any(self.over(mb) for mb in mbs)
-        return oom, slowest + (self.cost.grad_allreduce_s() if work else 0.0)
+    def time(self, loc: float, sh: float, n: int) -> float:
+        """Eq. 2: a micro-batch's seconds from its largest own load, summed shares and sharded tokens."""
+        return max(self.x(n), loc) + sh + self.h
+
+
+def floor(rates: list[Rates]) -> float:
+    """Least step seconds of a layout whose samples each run at one of these Rates' degrees (on the same world):
+    every sample in its cheapest form spread over the world, or the longest of its least units, plus h and the
+    gradient all-reduce (every rank pays h at least once; the step ends with the all-reduce). O(n · degrees)."""
+    work = np.min([r.forms[0] for r in rates], axis=0)
+    unit = np.min([r.forms[1] for r in rates], axis=0)
+    cost = rates[0].cost
+    return max(float(work.sum()) / (cost.cfg.dp * cost.cfg.cp), float(unit.max())) + rates[0].h + \
+        cost.grad_allreduce_s()
+
+
+class Mb:
+    """One micro-batch of whole samples at ``rates``: its sharded samples and (sample, rank) own ones, with the
+    sums of the closed form (``loc``/``tok`` per rank, ``w``/``sh``/``n`` of its shares) and its seconds ``t``."""
+
+    __slots__ = ("r", "shared", "own", "loc", "tok", "w", "sh", "n", "t")
+
+    def __init__(self, rates: Rates, shared: list[int], own: list[tuple[int, int]]) -> None:
+        self.r, self.shared, self.own = rates, shared, own
+        self.sums()
+
+    def sums(self) -> None:
+        """The sums and time, recomputed from the members (after a change, so no rounding drifts)."""
+        r = self.r
+        self.loc, self.tok = [0.0] * r.d, [0] * r.d
+        for i, j in self.own:
+            self.loc[j] += r.own[i]
+            self.tok[j] += r.n[i]
+        self.w = sum(r.w[i] for i in self.shared)
+        self.sh = sum(r.share[i] for i in self.shared)
+        self.n = sum(r.n[i] for i in self.shared)
+        self.t = r.time(max(self.loc), self.sh, self.n) if self.shared or self.own else 0.0
+
+    def fits(self, cap: int) -> bool:
+        """Within the token cap and memory on every rank."""
+        return max(self.tok) + self.w <= min(cap, self.r.mem)
+
+    def micro_batch(self, samples: list[int]) -> MicroBatch:
+        """The plan's micro-batch (``samples``: position -> sample id); sharded pieces first."""
+        r, rank = self.r, None if self.r.d > 1 else 0
+        pieces = [Piece(samples[i], 0, r.n[i], rank) for i in self.shared]
+        pieces += [Piece(samples[i], 0, r.n[i], j) for i, j in self.own]
+        return MicroBatch(tuple(pieces), ckpt_layers=r.k)
+
+
+def pack(r: Rates, shared: list[int], own: list[list[int]], budget: int) -> list[Mb]:
+    """One replica's sharded samples (heaviest first) and each rank's own ones into the fewest micro-batches m
+    that hold every rank's tokens within ``budget``: sharded samples each to the micro-batch of least summed
+    shares with room, then each rank's samples to the one whose Eq. 2 time grows least (own work up to its
+    exchange is free; ties: the lighter rank there, then the first); m + 1 when one fits nowhere.
+    O(samples · m)."""
+    if not shared and not any(own):
+        return []
+    sh_w = [r.w[i] for i in shared]
+    need = max(sum(sh_w) + sum(r.n[i] for i in mine) for mine in own)
+    m = max(1, -(-need // budget))
+    # the first m shares open one micro-batch each, so while m <= shares no micro-batch has more room than
+    # budget - (narrowest share): an own sample longer than that fits nowhere until one micro-batch stays empty
+    if shared and m <= len(shared) and max((r.n[i] for mine in own for i in mine), default=0) > budget - min(sh_w):
+        m = len(shared) + 1
+    if m == 1:
+        return [Mb(r, list(shared), [(i, j) for j, mine in enumerate(own) for i in mine])]
+    while (dealt := _deal(r, shared, own, m, budget)) is None:
+        m += 1
+    return [Mb(r, sh, mine) for sh, mine in zip(*dealt, strict=True) if sh or mine]
+
+
+def _deal(r: Rates, shared: list[int], own: list[list[int]], m: int, budget: int
+          ) -> tuple[list[list[int]], list[list[tuple[int, int]]]] | None:
+    """Members of m micro-batches per :func:`pack`, or None when a sample fits none."""
+    used, sh, n_sh = [0] * m, [0.0] * m, [0] * m
+    out_sh: list[list[int]] = [[] for _ in range(m)]
+    out_own: list[list[tuple[int, int]]] = [[] for _ in range(m)]
+    bins = range(m)
+    for i in shared:
+        wi = r.w[i]
+        b = min((b for b in bins if used[b] + wi <= budget), key=sh.__getitem__, default=-1)
+        if b < 0:
+            return None
+        used[b] += wi
+        sh[b] += r.share[i]
+        n_sh[b] += r.n[i]
+        out_sh[b].append(i)
+    x = [r.x(t) for t in n_sh]
+    for j, mine in enumerate(own):
+        room, loc = [budget - u for u in used], [0.0] * m
+        for i in mine:
+            n, t = r.n[i], r.own[i]
+            b = min((b for b in bins if n <= room[b]), key=lambda b: (max(x[b], loc[b] + t) + sh[b], loc[b]),
+                    default=-1)
+            if b < 0:
+                return None
+            room[b] -= n
+            loc[b] += t
+            out_own[b].append((i, j))
+    return out_sh, out_own
 
 
 class Layout:
-    """Per replica: sharded samples, each rank's own samples, and the micro-batches that follow (``after``)."""
+    """One candidate's placement: per replica its micro-batches of whole samples in run order (``reps``), then
+    the chain micro-batches that follow them (``chains``), whose seconds (``chain_s``) and memory (``chain_oom``)
+    the simulator's own terms gave; ``cost``: the cost model at its degree d; ``floor``: no replica can take less
+    (:attr:`Rates.bound` without the all-reduce). ``sharding``: the samples it shards, as built (the finalists'
+    diversity)."""
 
-    def __init__(self, timer: Timer, ckpt: int, budget: int, cap: int, batch: Batch, t_loc: np.ndarray,
-                 t_sh: np.ndarray, shared: list[list[int]], own: list[list[list[int]]],
-                 after: list[list[MicroBatch]]) -> None:
-        self.timer, self.cost, self.d = timer, timer.cost, timer.d
-        self.ckpt, self.budget, self.cap = ckpt, budget, cap
-        self.lengths, self.samples, self.t_loc, self.t_sh = batch.lengths, batch.samples, t_loc, t_sh
-        self.shared, self.own, self.after = shared, own, after
-        self.full = dict(zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True))
-        self.sharding = frozenset(i for g in shared for i in g)  # the samples it shards, as built
-        self._mbs: dict[int, list[MicroBatch]] = {}
-        self.reps: list[list[MicroBatch]] | None = None  # set by the local search: the replicas as it left them
-
-    def replica(self, g: int) -> list[MicroBatch]:
-        if g not in self._mbs:
-            self._mbs[g] = self._pack(g) + self.after[g]
-        return self._mbs[g]
-
-    def changed(self, *replicas: int) -> None:
-        for g in replicas:
-            self._mbs.pop(g, None)
+    def __init__(self, reps: list[list[Mb]], chains: list[list[MicroBatch]], chain_s: list[float], chain_oom: bool,
+                 cost: CostModel, cap: int, floor: float, sharding: frozenset[int]) -> None:
+        self.reps, self.chains, self.chain_s, self.chain_oom = reps, chains, chain_s, chain_oom
+        self.cost, self.d, self.cap, self.floor, self.sharding = cost, cost.cfg.cp, cap, floor, sharding
 
     def replica_s(self, g: int) -> float:
-        return self.timer.total(self.replica(g))
+        return sum(mb.t for mb in self.reps[g]) + self.chain_s[g]
 
-    def step(self) -> Step:
-        reps = self.reps if self.reps is not None else [self.replica(g) for g in range(len(self.own))]
-        return assemble_step(reps, cp=self.d, token_cap=self.cap)
+    def score(self) -> tuple[bool, float]:
+        """(over memory, simulated step time) with one pipeline stage."""
+        oom = self.chain_oom or any(max(mb.tok) + mb.w > mb.r.mem for rep in self.reps for mb in rep)
+        work = any(self.reps) or any(self.chains)
+        return oom, max(self.replica_s(g) for g in range(len(self.reps))) + (self.cost.grad_allreduce_s() if work
+                                                                              else 0.0)
 
-    def _pack(self, g: int) -> list[MicroBatch]:
-        """Replica g's packed micro-batches (module docstring)."""
-        shared, own, lengths, d = self.shared[g], self.own[g], self.lengths, self.d
-        if not shared and not any(own):
-            return []
-        sh_tok = [-(-int(lengths[i]) // d) for i in shared]
-        need = max(sum(sh_tok) + sum(int(lengths[i]) for i in mine) for mine in own)
-        m = max(1, -(-need // self.budget))
-        if m == 1:
-            return self._pieces([shared], [[(j, i) for j, mine in enumerate(own) for i in mine]])
-        while (dealt := self._deal(g, sh_tok, m)) is None:
-            m += 1
-        sh_of, own_of = dealt
-        sharded = [[i for i, b in zip(shared, sh_of, strict=True) if b == x] for x in range(m)]
-        placed = [[(j, i) for j, mine in enumerate(own) for i, b in zip(mine, own_of[j], strict=True) if b == x]
-                  for x in range(m)]
-        return self._pieces(sharded, placed)
-
-    def _deal(self, g: int, sh_tok: list[int], m: int) -> tuple[list[int], list[list[int]]] | None:
-        """Micro-batch index of every sample of replica g for m micro-batches, or None when one fits nowhere."""
-        lengths, budget = self.lengths, self.budget
-        used, sh_time, sh_of = [0] * m, [0.0] * m, []
-        for i, w in zip(self.shared[g], sh_tok, strict=True):  # heaviest first
-            fit = [b for b in range(m) if used[b] + w <= budget]
-            if not fit:
-                return None
-            b = min(fit, key=lambda x: (sh_time[x], x))
-            used[b] += w
-            sh_time[b] += float(self.t_sh[i])
-            sh_of.append(b)
-        tokens = np.zeros(m)
-        for i, b in zip(self.shared[g], sh_of, strict=True):
-            tokens[b] += float(lengths[i])
-        comm = self.cost.cp_comm_s(tokens, self.ckpt).tolist()
-        own_of = []
-        for mine in self.own[g]:
-            room, loc, where = [budget - u for u in used], [0.0] * m, []
-            for i in mine:
-                n, t = int(lengths[i]), float(self.t_loc[i])
-                fit = [b for b in range(m) if n <= room[b]]
-                if not fit:
-                    return None
-                b = min(fit, key=lambda x: (max(comm[x], loc[x] + t) + sh_time[x], loc[x], x))
-                room[b] -= n
-                loc[b] += t
-                where.append(b)
-            own_of.append(where)
-        return sh_of, own_of
-
-    def _pieces(self, sharded: list[list[int]], placed: list[list[tuple[int, int]]]) -> list[MicroBatch]:
-        """Micro-batches of whole samples: sharded ones (all ranks; rank 0 when d = 1), then (rank, sample) ones."""
-        rank, out = None if self.d > 1 else 0, []
-        for members, mine in zip(sharded, placed, strict=True):
-            pieces = [Piece(int(self.samples[i]), 0, int(self.lengths[i]), rank) for i in members]
-            pieces += [Piece(int(self.samples[i]), 0, int(self.lengths[i]), j) for j, i in mine]
-            if pieces:
-                out.append(MicroBatch(pieces=tuple(pieces), ckpt_layers=self.ckpt))
-        return out
-
-
-def holds_chunk(mb: MicroBatch, full: dict[int, int]) -> bool:
-    """Whether a micro-batch holds a piece of a chain (part of a sample, not all of it)."""
-    return any(p.start > 0 or p.stop < full[p.sample] for p in mb.pieces)
+    def micro_batches(self, samples: list[int]) -> list[list[MicroBatch]]:
+        return [[mb.micro_batch(samples) for mb in rep] + chain for rep, chain in zip(self.reps, self.chains,
+                                                                                       strict=True)]

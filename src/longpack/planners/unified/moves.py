@@ -1,46 +1,46 @@
-"""Local search on one pipeline stage's simulated times: three moves, each exact in the simulator's terms.
+"""Local search on one pipeline stage's times: three moves, each priced exactly by Eq. 2's closed form.
 
 With one stage a replica's time is the sum of its micro-batches' and a micro-batch's time does not depend on its
-replica, so every move below is priced by :class:`~.layout.Timer` exactly. A round runs, in order:
+replica, so :class:`~.layout.Mb`'s sums price every move below exactly, in O(d). A round runs, in order:
 
-* :func:`repack` (per replica): move one piece to another micro-batch of its replica, or trade it for a smaller
-  piece of its kind there, where the two micro-batches then take less time in sum. It pays where the packing left
-  a share whose exchange nothing hides, or a half-empty micro-batch whose pieces fit elsewhere.
-* :func:`trade` (between replicas): swap a piece of the slowest replica for a slightly smaller one of its kind in
+* :func:`repack` (per replica): move one sample to another micro-batch of its replica, or trade it for a smaller
+  sample of its kind there, where the two micro-batches then take less time in sum. It pays where the packing
+  left a share whose exchange nothing hides, or a half-empty micro-batch whose samples fit elsewhere.
+* :func:`trade` (between replicas): swap a sample of the slowest replica for a slightly smaller one of its kind in
   another, where the slowest then ends sooner and the other stays below it. It balances finer than whole
   micro-batches and puts the longer of two near-equal samples onto a rank that waits anyway.
 * :func:`balance` (after each): the slowest replica gives a whole micro-batch to another, for one of that
   replica's or for nothing, while that lowers the slowest.
 
-Rounds repeat while the slowest replica gets faster (at most ``ROUNDS``). Only micro-batches before a replica's
-first chain piece move or change (a chain holds memory from its first chunk on, so the cap and each micro-batch's
-own memory are all a change must respect), none recomputed or padded. Guarantees: every move keeps coverage and
-the cap, and lowers either the slowest replica or a replica's sum, so the search only improves and ends.
-:class:`Budget` bounds it by a count of simulated layouts (``--opt budget=N``): deterministic, unlike wall time.
-Cost: O(budget) micro-batch timings, plus O(pieces · log pieces) per trade to index pieces by size.
+Rounds repeat while the slowest replica gets faster (at most ``ROUNDS``) and it is above the layout's ``floor``
+(a lower bound: nothing can beat it). Chains' micro-batches never move or change (they hold memory from their
+first chunk on); a moved micro-batch runs first in its new replica. Guarantees: every move keeps coverage, the cap and
+memory, and lowers the slowest replica or a replica's sum, so the search only improves and ends. :class:`Budget`
+bounds it by a count of priced layouts (``--opt budget=N``): deterministic, unlike wall time. Cost: O(budget ·
+d), plus O(samples · log samples) per trade to index samples by size.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from bisect import bisect_left
 
 import numpy as np
 
-from ...plan import MicroBatch, Piece
-from .layout import Timer, holds_chunk
+from .layout import Layout, Mb
 
 __all__ = ["Budget", "search", "balance", "repack", "trade", "BUDGET"]
 
-BUDGET = 16  # default layouts the local search simulates, per sample of the global batch
+BUDGET = 16  # default layouts the local search prices, per sample of the global batch
 ROUNDS = 3  # most rounds of repacking and trading
-NEAREST = 8  # the smaller pieces of its kind, nearest in size, a piece may trade with
+NEAREST = 8  # the smaller samples of its kind, nearest in size, a sample may trade with
 TRADES = 2  # most trades between replicas per replica and round
 SWAPS = 4  # most micro-batch moves between replicas per micro-batch of the step
 
+Member = tuple[int, int]  # (sample position, rank); rank -1: sharded over the group
+
 
 class Budget:
-    """What is left of the local search's allowance of simulated layouts."""
+    """What is left of the local search's allowance of priced layouts."""
 
     def __init__(self, n: int) -> None:
         self.left = n
@@ -50,240 +50,201 @@ class Budget:
         return self.left >= 0
 
 
-def search(reps: list[list[MicroBatch]], timer: Timer, cap: int, full: dict[int, int], budget: Budget,
-           trades: int | None = None) -> list[list[MicroBatch]]:
-    """The rounds of the module docstring, from ``reps`` balanced; ``trades``: most trades per replica and
-    round (default ``TRADES``, 0: none)."""
+def search(lay: Layout, budget: Budget, trades: int | None = None) -> None:
+    """The rounds of the module docstring on ``lay``, in place; ``trades``: most trades per replica and round
+    (default ``TRADES``, 0: none)."""
+    floor = lay.floor * (1 + 1e-12)
     trades = TRADES if trades is None else trades
-    reps = balance(reps, timer, full)
-    slowest = max(timer.total(r) for r in reps)
+    balance(lay)
+    slowest = max(lay.replica_s(g) for g in range(len(lay.reps)))
     for _ in range(ROUNDS):
-        reps = balance([repack(r, timer, cap, full, budget) for r in reps], timer, full)
-        if trades:
-            reps = balance(trade(reps, timer, cap, full, budget, trades), timer, full)
-        before, slowest = slowest, max(timer.total(r) for r in reps)
-        if not slowest < before * (1 - 1e-9) or budget.left <= 0:
+        if slowest <= floor or budget.left <= 0:
             break
-    return reps
+        for g in sorted(range(len(lay.reps)), key=lambda g: -lay.replica_s(g)):  # the slowest first
+            repack(lay.reps[g], lay.cap, budget)
+        balance(lay)
+        if trades:
+            trade(lay, budget, trades)
+            balance(lay)
+        before, slowest = slowest, max(lay.replica_s(g) for g in range(len(lay.reps)))
+        if not slowest < before * (1 - 1e-9):
+            break
 
 
-def balance(reps: list[list[MicroBatch]], timer: Timer, full: dict[int, int]) -> list[list[MicroBatch]]:
+def balance(lay: Layout) -> None:
     """Whole micro-batches between replicas: each move takes the pair (given, taken back or nothing) whose larger
-    new time is least; a chain's micro-batches stay, and a moved one goes first in its new replica, where no chain
-    holds memory yet. Each move lowers the slowest replica and the sum of squared times; at most ``SWAPS`` per
-    micro-batch. O(m · M) per move (m: the slowest replica's micro-batches, M: all)."""
-    reps = [list(r) for r in reps]
-    sec = [[timer.seconds(mb) for mb in r] for r in reps]
-    movable = [[bool(mb.pieces) and not holds_chunk(mb, full) for mb in r] for r in reps]
-    total = np.array([sum(t) for t in sec])
+    new time is least; a moved one goes first in its new replica. Each move lowers the slowest replica and the sum
+    of squared times; at most ``SWAPS`` per micro-batch. O(m · M) per move (m: the slowest replica's
+    micro-batches, M: all)."""
+    reps = lay.reps
+    total = np.array([lay.replica_s(g) for g in range(len(reps))])
     for _ in range(SWAPS * sum(len(r) for r in reps)):
         slow = int(np.argmax(total))
-        give = [x for x, ok in enumerate(movable[slow]) if ok]
-        back = [(g, x) for g in range(len(reps)) if g != slow
-                for x in [*(x for x, ok in enumerate(movable[g]) if ok), -1]]  # -1: nothing back
-        if not give or not back:
+        back = [(g, x) for g in range(len(reps)) if g != slow for x in [*range(len(reps[g])), -1]]  # -1: nothing
+        if not reps[slow] or not back:
             break
-        delta = np.array([sec[slow][x] for x in give])[:, None] - np.array(
-            [sec[g][x] if x >= 0 else 0.0 for g, x in back])[None, :]
+        delta = np.array([mb.t for mb in reps[slow]])[:, None] - np.array(
+            [reps[g][x].t if x >= 0 else 0.0 for g, x in back])[None, :]
         dest = total[np.array([g for g, _ in back])]
         after = np.where((delta > 0) & (delta < (total[slow] - dest)[None, :]),
                          np.maximum(total[slow] - delta, dest[None, :] + delta), np.inf)
         a, b = np.unravel_index(int(np.argmin(after)), after.shape)
         if not after[a, b] < total[slow] * (1 - 1e-9):
             break
-        (g, x), y = back[b], give[a]
-        table: tuple[list[list[Any]], ...] = (reps, sec, movable)
-        for lists in table:
-            item = lists[slow].pop(y)
-            if x >= 0:
-                lists[slow].insert(0, lists[g].pop(x))
-            lists[g].insert(0, item)
+        (g, x), given = back[b], reps[slow].pop(int(a))
+        if x >= 0:
+            reps[slow].insert(0, reps[g].pop(x))
+        reps[g].insert(0, given)
         total[slow] -= float(delta[a, b])
         total[g] += float(delta[a, b])
-    return reps
 
 
-def _free(mbs: list[MicroBatch], full: dict[int, int]) -> int:
-    """How many of a replica's first micro-batches precede its first chain piece."""
-    return next((x for x, mb in enumerate(mbs) if holds_chunk(mb, full)), len(mbs))
-
-
-def _width(p: Piece, d: int) -> int:
-    """Tokens a piece puts on a rank: its share, ceil(tokens / d), when sharded; all of it otherwise."""
-    return -(-p.tokens // d) if p.cp_rank is None else p.tokens
-
-
-def _without(timer: Timer, mb: MicroBatch, x: int, budget: Budget) -> tuple[MicroBatch, float, float] | None:
-    """Micro-batch ``mb`` without its piece x, its time, and what the piece adds (own work on its rank, or every
-    rank's share); None when taking it out cannot shorten ``mb`` (its rank waits for another, or no gain) or the
-    budget is spent."""
-    before, p = timer(mb), mb.pieces[x]
-    if p.cp_rank is not None and before[0][p.cp_rank] < timer.seconds(mb) or not budget.spend():
+def trial(mb: Mb, cap: int, out: tuple[Member, ...] = (), into: tuple[Member, ...] = ()) -> float | None:
+    """``mb``'s seconds with members ``out`` taken out and ``into`` put in, or None over the cap or memory. O(d)."""
+    r = mb.r
+    loc, tok, w, sh, n = list(mb.loc), list(mb.tok), mb.w, mb.sh, mb.n
+    count = len(mb.own) + len(mb.shared) - len(out) + len(into)
+    for sign, members in ((-1, out), (1, into)):
+        for i, j in members:
+            if j < 0:
+                w, sh, n = w + sign * r.w[i], sh + sign * r.share[i], n + sign * r.n[i]
+            else:
+                loc[j] += sign * r.own[i]
+                tok[j] += sign * r.n[i]
+    if max(tok) + w > min(cap, r.mem):
         return None
-    rest = replace(mb, pieces=mb.pieces[:x] + mb.pieces[x + 1:])
-    t_rest = timer.seconds(rest)
-    if t_rest >= timer.seconds(mb):
-        return None
-    after = timer(rest)
-    added = float(before[1][p.cp_rank] - after[1][p.cp_rank]) if p.cp_rank is not None else \
-        float(before[2][0] - after[2][0])
-    return rest, t_rest, added
+    return r.time(max(loc), sh, n) if count else 0.0
 
 
-def _estimate(dst: MicroBatch, p: Piece, q: Piece | None, added: float, timer: Timer, cap: int) -> float | None:
-    """Eq. 2 estimate of ``dst``'s time with piece p added (on its least-loaded rank with room, or sharded), or in
-    place of q (p on q's rank; q gives back its part of ``added`` in proportion to its tokens); None when p does
-    not fit the cap. O(d)."""
-    d, cost = timer.d, timer.cost
-    _, local, dist, comm, tokens, _ = timer(dst)
-    room, w_q = cap - tokens, _width(q, d) if q is not None else 0
-    more = added * (1 - w_q / _width(p, d))
-    if p.cp_rank is None:
-        if np.any(room + w_q < _width(p, d)):
-            return None
-        sharded = sum(y.tokens for y in dst.pieces if y.cp_rank is None) + p.tokens - (q.tokens if q else 0)
-        grown = cost.cp_comm_s(sharded, dst.ckpt_layers, dst.recompute)
-        return float(np.max(np.maximum(grown, local - cost.fixed_s) + dist + more)) + cost.fixed_s
-    j = _rank_for(p, q, dst, timer, cap)
-    if j < 0:
-        return None
-    return max(timer.seconds(dst), float(max(comm[0], local[j] - cost.fixed_s + more) + dist[j]) + cost.fixed_s)
+def apply(mb: Mb, out: tuple[Member, ...], into: tuple[Member, ...]) -> None:
+    """Take ``out`` out of ``mb`` and put ``into`` in (members keep their order; newcomers last)."""
+    for i, j in out:
+        (mb.shared.remove(i) if j < 0 else mb.own.remove((i, j)))
+    for i, j in into:
+        (mb.shared.append(i) if j < 0 else mb.own.append((i, j)))
+    mb.sums()
 
 
-def _rank_for(p: Piece, q: Piece | None, dst: MicroBatch, timer: Timer, cap: int) -> int:
-    """The rank an own piece p takes in ``dst``: q's when it replaces q, else the least-loaded with room (-1)."""
-    _, local, _, _, tokens, _ = timer(dst)
-    room = cap - tokens
-    if q is not None:
-        return int(q.cp_rank or 0) if room[int(q.cp_rank or 0)] + q.tokens >= p.tokens else -1
-    ok = np.flatnonzero(room >= p.tokens)
-    return int(ok[np.argmin(local[ok])]) if ok.size else -1
+def members(mb: Mb) -> list[Member]:
+    return [(i, -1) for i in mb.shared] + list(mb.own)
 
 
-def _swap_in(mb: MicroBatch, p: Piece, q: Piece | None, rank: int | None) -> MicroBatch:
-    """``mb`` with p added on ``rank`` (sharded when p is), in place of q when given."""
-    kept = tuple(y for y in mb.pieces if y != q) if q is not None else mb.pieces
-    return replace(mb, pieces=kept + (Piece(p.sample, p.start, p.stop, None if p.cp_rank is None else rank),))
+def _least_rank(mb: Mb, n: int, cap: int) -> int:
+    """The rank of ``mb`` with least own work among those with room for n more tokens (-1: none)."""
+    room = min(cap, mb.r.mem) - mb.w
+    ok = [j for j in range(mb.r.d) if mb.tok[j] + n <= room]
+    return min(ok, key=mb.loc.__getitem__, default=-1)
 
 
-def repack(mbs: list[MicroBatch], timer: Timer, cap: int, full: dict[int, int], budget: Budget
-           ) -> list[MicroBatch]:
-    """One replica's pieces between its micro-batches (module docstring), first improvement, while one helps
-    (a pass over every piece that can shorten its micro-batch); an emptied micro-batch is dropped. A change whose
-    estimate says it cannot pay is not simulated. O(P · M) estimates a pass, for P pieces and M micro-batches."""
-    mbs = [mb for mb in mbs if mb.pieces]
-    first = _free(mbs, full)
-    head, rest = mbs[:first], mbs[first:]
-    if len(head) < 2 or any(mb.recompute or mb.pad_to for mb in head):
-        return mbs
-    sec = [timer.seconds(mb) for mb in head]
+def repack(mbs: list[Mb], cap: int, budget: Budget) -> None:
+    """One replica's samples between its micro-batches (module docstring), in place: first improvement, while one
+    helps; an emptied micro-batch is dropped. O(samples · m) prices a pass, for m micro-batches."""
     improved = True
-    while improved and budget.left > 0:
+    while improved and budget.left > 0 and len(mbs) > 1:
         improved = False
         a = 0
-        while a < len(head):
+        while a < len(mbs) and budget.left > 0:
             x = 0
-            while x < len(head[a].pieces) and budget.left > 0:
-                found = _repack_one(head, sec, a, x, timer, cap, budget)
-                if found is None:
+            while x < len(mbs[a].shared) + len(mbs[a].own) and budget.left > 0:
+                if not _repack_one(mbs, a, members(mbs[a])[x], cap, budget):
                     x += 1
                     continue
-                b, head[a], head[b] = found
-                sec[a], sec[b] = timer.seconds(head[a]), timer.seconds(head[b])
                 improved = True
-                if not head[a].pieces:
-                    del head[a], sec[a]
+                if not (mbs[a].shared or mbs[a].own):
+                    del mbs[a]
                     break
             else:
                 a += 1
-    return head + rest
 
 
-def _repack_one(mbs: list[MicroBatch], sec: list[float], a: int, x: int, timer: Timer, cap: int, budget: Budget
-                ) -> tuple[int, MicroBatch, MicroBatch] | None:
-    """The first micro-batch b that takes piece x of micro-batch a (moved, or traded for the smallest piece of
-    its kind that makes it fit) with less time in sum: (b, new a, new b)."""
-    out = _without(timer, mbs[a], x, budget)
-    if out is None:
-        return None
-    rest, t_rest, added = out
-    p, d, bar = mbs[a].pieces[x], timer.d, None
+def _repack_one(mbs: list[Mb], a: int, p: Member, cap: int, budget: Budget) -> bool:
+    """Move member p of micro-batch a to the first micro-batch that takes it (alone, or in place of the smallest
+    member of its kind that makes it fit) with less time in sum; whether one did."""
+    src, (i, j) = mbs[a], p
+    rest = trial(src, cap, (p,))
+    if rest is None or rest >= src.t or not budget.spend():
+        return False
+    r, width = src.r, (src.r.w if j < 0 else src.r.n)
     for b, dst in enumerate(mbs):
-        if b == a or dst.ckpt_layers != mbs[a].ckpt_layers:
+        if b == a or dst.r is not r:
             continue
-        bar = sec[a] + sec[b] - 1e-12
-        room = cap - timer(dst)[4]
-        fits = [y for y in dst.pieces if (y.cp_rank is None) == (p.cp_rank is None) and _width(y, d) < _width(p, d)
-                and _width(y, d) >= _width(p, d) - (room.min() if p.cp_rank is None else room[y.cp_rank])]
-        smallest = min(fits, key=lambda y: (_width(y, d), dst.pieces.index(y)), default=None)
+        bar = src.t + dst.t - 1e-12
+        limit = min(cap, r.mem) - dst.w
+        kind = [(q, -1) for q in dst.shared] if j < 0 else list(dst.own)
+        swaps = [q for q in kind if width[i] - limit + (max(dst.tok) if j < 0 else dst.tok[q[1]])
+                 <= width[q[0]] < width[i]]
+        smallest = min(swaps, key=lambda q: (width[q[0]], kind.index(q)), default=None)
         for q in (None, smallest) if smallest is not None else (None,):
-            est = _estimate(dst, p, q, added, timer, cap)
-            if est is None or t_rest + est >= bar or not budget.spend():
+            rank = j if j < 0 else (q[1] if q is not None else _least_rank(dst, r.n[i], cap))
+            if rank < -1 or (j >= 0 and rank < 0) or not budget.spend():
                 continue
-            new_b = _swap_in(dst, p, q, q.cp_rank if q is not None else _rank_for(p, None, dst, timer, cap))
-            t_b = timer.seconds(new_b)
-            new_a = rest if q is None else _swap_in(rest, q, None, p.cp_rank)
-            if timer.seconds(new_a) + t_b < bar and timer.fits(new_b, cap) and timer.fits(new_a, cap):
-                return b, new_a, new_b
-    return None
+            into, back = ((i, rank),), (() if q is None else ((q[0], j),))
+            t_b = trial(dst, cap, () if q is None else (q,), into)
+            t_a = trial(src, cap, (p,), back) if q is not None else rest
+            if t_a is not None and t_b is not None and t_a + t_b < bar:
+                apply(src, (p,), back)
+                apply(dst, () if q is None else (q,), into)
+                return True
+    return False
 
 
-def trade(reps: list[list[MicroBatch]], timer: Timer, cap: int, full: dict[int, int], budget: Budget,
-          trades: int = 2) -> list[list[MicroBatch]]:
-    """Pieces between replicas (module docstring): per trade, the best over the slowest replica's pieces and the
-    ``NEAREST`` smaller pieces of their kind elsewhere; each estimated first (Eq. 2), only those that could beat
-    the best so far simulated. At most ``trades`` trades per replica."""
-    reps = [list(r) for r in reps]
-    sec = [[timer.seconds(mb) for mb in r] for r in reps]
-    total = np.array([sum(t) for t in sec])
-    free = [[x for x, mb in enumerate(r[:_free(r, full)]) if mb.pieces and not (mb.recompute or mb.pad_to)]
-            for r in reps]
-    for _ in range(trades * len(reps)):
-        slow = int(np.argmax(total))
-        best = _best_trade(reps, sec, total, free, slow, timer, cap, budget)
-        if best is None:
-            break
-        _, a, g, b, new_a, new_b = best
-        reps[slow][a], sec[slow][a] = new_a, timer.seconds(new_a)
-        reps[g][b], sec[g][b] = new_b, timer.seconds(new_b)
-        total[slow], total[g] = sum(sec[slow]), sum(sec[g])
-    return reps
-
-
-def _best_trade(reps: list[list[MicroBatch]], sec: list[list[float]], total: np.ndarray, free: list[list[int]],
-                slow: int, timer: Timer, cap: int, budget: Budget) -> tuple | None:
-    """The best trade of a piece of replica ``slow`` (after, a, g, b, new a, new b), or None."""
-    index: dict[bool, list[tuple[int, int, int, Piece]]] = {True: [], False: []}  # by kind: sharded or not
-    for g, r in enumerate(reps):
-        for b in free[g] if g != slow else ():
-            for q in r[b].pieces:
-                index[q.cp_rank is None].append((q.tokens, g, b, q))
+def trade(lay: Layout, budget: Budget, trades: int = TRADES) -> None:
+    """Samples between replicas (module docstring), in place: per trade, the best over the slowest replica's
+    samples and the ``NEAREST`` smaller samples of their kind elsewhere; at most ``trades`` trades per replica.
+    Samples are indexed by size once; a trade swaps two entries' places, not their sizes."""
+    reps = lay.reps
+    total = [lay.replica_s(g) for g in range(len(reps))]
+    index: dict[bool, list[list]] = {True: [], False: []}  # by kind (sharded or not): [tokens, replica, mb, member]
+    for g, rep in enumerate(reps):
+        for mb in rep:
+            for q in members(mb):
+                index[q[1] < 0].append([mb.r.n[q[0]], g, mb, q])
     for entries in index.values():
         entries.sort(key=lambda e: e[0])
-    sizes = {kind: np.array([e[0] for e in entries]) for kind, entries in index.items()}
+    sizes = {kind: [e[0] for e in entries] for kind, entries in index.items()}
+    where = {(e[2], e[3]): e for entries in index.values() for e in entries}
+    for _ in range(trades * len(reps)):
+        slow = max(range(len(reps)), key=total.__getitem__)
+        best = _best_trade(lay, total, slow, index, sizes, budget)
+        if best is None:
+            break
+        _, src, p, g, dst, q = best
+        p2, q2 = (p[0], q[1]), (q[0], p[1])
+        apply(src, (p,), (q2,))
+        apply(dst, (q,), (p2,))
+        ep, eq = where.pop((src, p)), where.pop((dst, q))
+        ep[1:], eq[1:] = [g, dst, p2], [slow, src, q2]
+        where[dst, p2], where[src, q2] = ep, eq
+        total[slow], total[g] = lay.replica_s(slow), lay.replica_s(g)
+
+
+def _best_trade(lay: Layout, total: list[float], slow: int, index: dict[bool, list[list]],
+                sizes: dict[bool, list[int]], budget: Budget) -> tuple | None:
+    """The best trade of a sample of replica ``slow``: (slowest after, its micro-batch, member, other replica, its
+    micro-batch, member there), or None."""
     best = None
-    for a in free[slow]:
-        for x, p in enumerate(reps[slow][a].pieces):
-            out = _without(timer, reps[slow][a], x, budget)
-            if out is None:
+    for src in lay.reps[slow]:
+        for p in members(src):
+            rest = trial(src, lay.cap, (p,))
+            if rest is None or rest >= src.t or not budget.spend():
                 continue
-            rest, t_rest, added = out
-            floor = total[slow] - sec[slow][a] + t_rest  # the sender ends here at least, whatever it gets back
-            kind = p.cp_rank is None
-            stop = int(np.searchsorted(sizes[kind], p.tokens, side="left"))
-            for _, g, b, q in index[kind][max(0, stop - NEAREST):stop]:
-                dst, bar = reps[g][b], total[slow] * (1 - 1e-9) if best is None else best[0]
+            floor = total[slow] - src.t + rest  # the sender ends here at least, whatever it gets back
+            kind, n = p[1] < 0, src.r.n[p[0]]
+            stop, seen = bisect_left(sizes[kind], n), 0
+            while stop > 0 and seen < NEAREST:
+                stop -= 1
+                _, g, dst, q = index[kind][stop]
+                if g == slow:
+                    continue
+                seen += 1
+                bar = total[slow] * (1 - 1e-9) if best is None else best[0]
                 if floor >= bar:
                     break
-                est = _estimate(dst, p, q, added, timer, cap) if dst.ckpt_layers == reps[slow][a].ckpt_layers else None
-                if est is None or total[g] - sec[g][b] + est >= bar or not budget.spend():
+                if dst.r is not src.r or not budget.spend():
                     continue
-                new_b = _swap_in(dst, p, q, q.cp_rank)
-                side_b = total[g] - sec[g][b] + timer.seconds(new_b)
-                if side_b >= bar:
-                    continue
-                new_a = _swap_in(rest, q, None, p.cp_rank)
-                after = max(total[slow] - sec[slow][a] + timer.seconds(new_a), side_b)
-                if after < bar and timer.fits(new_b, cap) and timer.fits(new_a, cap):
-                    best = (after, a, g, b, new_a, new_b)
+                t_b = trial(dst, lay.cap, (q,), ((p[0], q[1]),))
+                side = total[g] - dst.t + t_b if t_b is not None else bar
+                t_a = trial(src, lay.cap, (p,), ((q[0], p[1]),)) if side < bar else None
+                if t_a is not None and max(total[slow] - src.t + t_a, side) < bar:
+                    best = (max(total[slow] - src.t + t_a, side), src, p, g, dst, q)
     return best

@@ -9,33 +9,40 @@ both Σ s and Σ s² balance).
    counting how much each lengthens that replica's K/V exchange.
 3. Whole samples, heaviest first, to the replica whose Eq. 2 time max(exchange, own work) + shared work is least
    after adding it to that replica's least-loaded rank (own work under the exchange is free).
+4. Each replica packed into micro-batches (:func:`~.layout.pack`), big samples in theirs, chains after.
 
-Returns the :class:`~.layout.Layout` (the micro-batches of each replica are packed from it on demand), or None
-when the candidate is infeasible or places exactly as one already seen. Guarantees: every sample placed once,
-each within its rank's budget or split into a chain. Cost: O(n log n + n · replicas).
+Returns the :class:`~.layout.Layout`, or None when the candidate is infeasible or places exactly as one already
+seen. Guarantees: every sample placed once, each within its rank's budget or split into a chain. Cost:
+O(n log n + n · log replicas) for the sharded deal (a replica is priced only while its load could still win),
+O(n · replicas) for the whole-sample deal, O(n · m) for packing into m micro-batches a replica.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
 import numpy as np
 
-from ...cost import CostModel
+from ...plan import MicroBatch
 from ..base import Batch, PlanContext
 from .knobs import LIGHT, UNIT, Candidate, flag
-from .layout import Layout, Timer
-from .tail import tail, times
+from .layout import Layout, Mb, Rates, pack
+from .tail import chain_cost, tail
 
-__all__ = ["build", "ARRAY_REPLICAS"]
+__all__ = ["build", "deal_shared", "deal_own", "ARRAY_REPLICAS"]
 
-ARRAY_REPLICAS = 12  # from this many replicas the deals price all in one numpy call; below, a plain loop is faster
+ARRAY_REPLICAS = 16  # from this many replicas the whole-sample deal prices all in one numpy call
 
 
-def build(batch: Batch, ctx: PlanContext, timer: Timer, c: Candidate, seen: set[tuple]) -> Layout | None:
-    cost = timer.cost
+def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c: Candidate, seen: set[tuple],
+          memo: dict[MicroBatch, tuple[np.ndarray, ...]]) -> Layout | None:
+    """The candidate's layout (module docstring); ``rates(d, k)``: the batch's :class:`Rates`, memoised;
+    ``memo``: the simulator's chain micro-batch times at this degree."""
     d, k0, kb = c.degree, ctx.ckpt_layers, c.ckpt
+    r = rates(d, k0)
+    cost = r.cost
     cap = cost.token_cap(k0)
     budget = cap // c.split
     if budget < 1:
@@ -43,14 +50,14 @@ def build(batch: Batch, ctx: PlanContext, timer: Timer, c: Candidate, seen: set[
     limit = batch.split_len or np.iinfo(np.int64).max
     whole_len = min(budget * d, limit)
     big_len = min(cost.token_cap(kb) * d, limit) if kb > k0 else whole_len
-    lengths, s = batch.lengths, batch.lengths.astype(np.float64)
+    lengths = batch.lengths
     is_big = (lengths > whole_len) & (lengths <= big_len)
     is_chain = lengths > max(whole_len, big_len)
     if d > 1 and is_chain.any() and not flag(ctx.option("shard_chains", True)):
         return None
-    t_loc, t_sh = times(s, cost, d, k0)
+    t_loc, t_sh = r.own_a, r.share_a
     fits = (lengths <= budget) & ~is_chain & ~is_big
-    sharded, unit = _shard(c, cost, s, fits, is_chain | is_big, t_loc, t_sh, ctx.world, k0)
+    sharded, unit = _shard(c, r, fits, is_chain | is_big, ctx.world)
     local = fits & ~sharded
     if d == 1:
         local, sharded = local | sharded, np.zeros_like(sharded)
@@ -62,25 +69,30 @@ def build(batch: Batch, ctx: PlanContext, timer: Timer, c: Candidate, seen: set[
     built = tail(batch, cost, d, kb, c.split, c.tail, k0, budget, is_big, is_chain, ctx.world // d)
     if built is None:
         return None
-    after, rep_load, ckpt_big = built
-    start = rep_load.copy()
-    shared, comm = deal_shared(heaviest_first(t_sh, np.flatnonzero(sharded)), t_sh, s, rep_load, cost, k0)
+    bins, chains, start, big_used = built
+    load = start.tolist()
+    shared, comm = deal_shared(heaviest_first(t_sh, np.flatnonzero(sharded)), r, load)
     if d > 1 and c.alpha == LIGHT:  # also shard what outlasts the unit on top of the lightest replica's shares
-        more = local & (t_loc > unit - float(rep_load.min()))
+        more = local & (t_loc > unit - min(load))
         if more.any():
-            sharded, local, rep_load = sharded | more, local & ~more, start
-            shared, comm = deal_shared(heaviest_first(t_sh, np.flatnonzero(sharded)), t_sh, s, rep_load, cost, k0)
-    own = deal_own(heaviest_first(t_loc, np.flatnonzero(local)), t_loc, comm, rep_load, d)
-    return Layout(timer, k0, budget, cost.token_cap(kb) if ckpt_big else cap, batch, t_loc, t_sh, shared, own,
-                  after)
+            sharded, local, load = sharded | more, local & ~more, start.tolist()
+            shared, comm = deal_shared(heaviest_first(t_sh, np.flatnonzero(sharded)), r, load)
+    own = deal_own(heaviest_first(t_loc, np.flatnonzero(local)), r.own, comm, load, d)
+    rb = rates(d, kb)
+    reps = [pack(r, shared[g], own[g], budget) + [Mb(rb, b, []) if d > 1 else Mb(rb, [], [(i, 0) for i in b])
+                                                  for b in bins[g]] for g in range(len(own))]
+    full = dict(zip(batch.samples.tolist(), lengths.tolist(), strict=True))
+    chain_s, chain_oom = chain_cost(chains, d, cost, full, memo)
+    return Layout(reps, chains, chain_s, chain_oom, cost, cost.token_cap(kb) if big_used else cap,
+                  r.bound - cost.grad_allreduce_s(), frozenset(np.flatnonzero(sharded).tolist()))
 
 
-def _shard(c: Candidate, cost: CostModel, s: np.ndarray, fits: np.ndarray, apart: np.ndarray, t_loc: np.ndarray,
-           t_sh: np.ndarray, world: int, k0: int) -> tuple[np.ndarray, float]:
+def _shard(c: Candidate, r: Rates, fits: np.ndarray, apart: np.ndarray, world: int) -> tuple[np.ndarray, float]:
     """Which samples to shard (step 1), and the step's longest unit (the largest over samples of the shorter of
     whole on a rank, where it fits, and its share plus its own exchange)."""
+    t_loc, t_sh = r.own_a, r.share_a
     sharded = ~fits & ~apart
-    t_unit = t_sh + cost.cp_comm_s(s, k0)
+    t_unit = t_sh + r.cost.cp_comm_s(np.asarray(r.n, dtype=np.float64), r.k)
     unit = float(np.max(np.where(fits, np.minimum(t_loc, t_unit), t_unit)))
     if c.degree > 1 and c.alpha in (UNIT, LIGHT):
         sharded |= fits & (t_loc > unit)
@@ -90,56 +102,71 @@ def _shard(c: Candidate, cost: CostModel, s: np.ndarray, fits: np.ndarray, apart
     return sharded, unit
 
 
-def deal_shared(order: list[int], t_sh: np.ndarray, s: np.ndarray, rep_load: np.ndarray, cost: CostModel, k: int
-                ) -> tuple[list[list[int]], np.ndarray]:
+def deal_shared(order: list[int], r: Rates, load: list[float]) -> tuple[list[list[int]], list[float]]:
     """Sharded samples (heaviest first) each to the replica whose load grows least, its share plus how much it
-    lengthens the replica's K/V exchange; ``rep_load`` ends as the shared compute alone. Returns (samples per
-    replica, exchange seconds per replica). O(n · replicas)."""
-    n_rep = rep_load.size
+    lengthens the replica's K/V exchange (ties: the first); ``load`` ends as each replica's shared compute.
+    Replicas holding shares are priced in order of load and only while theirs could still win (the exchange grows
+    at least at its least slope); of those holding none, only the lightest (its growth is the same as theirs).
+    Returns (samples per replica, exchange seconds per replica)."""
+    n_rep = len(load)
     shared: list[list[int]] = [[] for _ in range(n_rep)]
-    sh_tokens, comm = np.zeros(n_rep), np.zeros(n_rep)
-    for i in order:
-        if n_rep >= ARRAY_REPLICAS:  # np.argmin keeps the first of equal values: the same choice as the loop
-            g = int(np.argmin(rep_load + t_sh[i] + cost.cp_comm_s(sh_tokens + s[i], k) - comm))
-        else:
-            g = min(range(n_rep), key=lambda r: (rep_load[r] + t_sh[i] + cost.cp_comm_s(sh_tokens[r] + s[i], k)
-                                                 - comm[r], r))
+    tokens, comm = [0] * n_rep, [0.0] * n_rep
+    empty = [(x, g) for g, x in enumerate(load)]  # heaps of (load, replica): holding no share yet, and the rest
+    busy: list[tuple[float, int]] = []
+    heapq.heapify(empty)
+    slope = 0.0  # the exchange grows at least this fast a token on every busy replica (refreshed: tokens only grow)
+    for n, i in enumerate(order):
+        s, t = r.n[i], r.share[i]
+        if busy and n % n_rep == 0:
+            slope = r.least_slope(min(tokens[g] for _, g in busy))
+        best, priced = ((empty[0][0] + t + r.x(s), empty[0][1]) if empty else (math.inf, -1)), []
+        while busy and busy[0][0] + t + s * slope <= best[0]:
+            x, g = heapq.heappop(busy)
+            priced.append(g)
+            best = min(best, (x + t + r.x(tokens[g] + s) - comm[g], g))
+        g = best[1]
+        if not tokens[g]:
+            heapq.heappop(empty)
+            priced.append(g)
         shared[g].append(i)
-        sh_tokens[g] += s[i]
-        grown = cost.cp_comm_s(sh_tokens[g], k)
-        rep_load[g] += float(t_sh[i]) + grown - comm[g]
+        tokens[g] += s
+        grown = r.x(tokens[g])
+        load[g] += t + grown - comm[g]
         comm[g] = grown
-    rep_load -= comm
+        for h in priced:
+            heapq.heappush(busy, (load[h], h))
+    for g in range(n_rep):
+        load[g] -= comm[g]
     return shared, comm
 
 
-def deal_own(items: list[int], t_loc: np.ndarray, comm: np.ndarray, base: np.ndarray, d: int
+def deal_own(items: list[int], own: list[float], comm: list[float], base: list[float], d: int
              ) -> list[list[list[int]]]:
-    """Whole samples (heaviest first) to the ranks of len(comm) replicas of d ranks (step 3; ties: the replica
-    whose least-loaded rank is emptiest, then the first). O(items · replicas + items · log d)."""
+    """Whole samples (heaviest first) to the ranks of len(comm) replicas of d ranks (step 3; ties within 1e-12:
+    the replica whose least-loaded rank is emptiest, then the first). O(items · (replicas + log d)), the
+    replicas priced in one numpy call from ``ARRAY_REPLICAS`` on."""
     n_rep = len(comm)
-    own: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
-    heaps = [[(0.0, j) for j in range(d)] for _ in range(n_rep)]  # per replica: (own load, rank)
-    least = np.zeros(n_rep)
-    comm_l, base_l, least_l, reps = comm.tolist(), base.tolist(), [0.0] * n_rep, range(n_rep)
-    for i, t in zip(items, t_loc[np.asarray(items, dtype=np.int64)].tolist(), strict=True):
+    out: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
+    ranks = [[(0.0, j) for j in range(d)] for _ in range(n_rep)]  # per replica, a heap of (own load, rank)
+    least, reps = [0.0] * n_rep, range(n_rep)
+    comm_a, base_a, least_a = np.asarray(comm), np.asarray(base), np.zeros(n_rep)
+    for i in items:
+        t = own[i]
         if n_rep < ARRAY_REPLICAS:
-            after_l = [max(c, x + t) + b for c, x, b in zip(comm_l, least_l, base_l, strict=True)]
-            top, g = min(after_l) * (1 + 1e-12), -1
+            after = [max(c, x + t) + b for c, x, b in zip(comm, least, base, strict=True)]
+            top, g = min(after) * (1 + 1e-12), -1
             for r in reps:
-                if after_l[r] <= top and (g < 0 or least_l[r] < least_l[g]):
+                if after[r] <= top and (g < 0 or least[r] < least[g]):
                     g = r
         else:
-            after = np.maximum(comm, least + t) + base
-            tied = np.flatnonzero(after <= after.min() * (1 + 1e-12))
-            g = int(tied[np.argmin(least[tied])]) if tied.size > 1 else int(tied[0])
-        load, j = heaps[g][0]
-        own[g][j].append(i)
-        heapq.heapreplace(heaps[g], (load + t, j))
-        least_l[g] = heaps[g][0][0]
-        if n_rep >= ARRAY_REPLICAS:
-            least[g] = least_l[g]
-    return own
+            after_a = np.maximum(comm_a, least_a + t) + base_a
+            tied = np.flatnonzero(after_a <= after_a.min() * (1 + 1e-12))
+            g = int(tied[np.argmin(least_a[tied])]) if tied.size > 1 else int(tied[0])
+        load, j = ranks[g][0]
+        out[g][j].append(i)
+        heapq.heapreplace(ranks[g], (load + t, j))
+        least[g] = least_a[g] = ranks[g][0][0]
+    return out
 
 
 def heaviest_first(t: np.ndarray, pos: np.ndarray) -> list[int]:

@@ -15,16 +15,22 @@ cost model's per-rank seconds (a recomputed piece's forward runs twice: 4/3 of i
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ...cost import CostModel
 from ...plan import MicroBatch, Piece
+from ...sim.memory import ReplicaMemory
+from ...sim.simulate import micro_batch_times
 from ..base import Batch
 from ..packers import lpt
 
-__all__ = ["times", "tail", "chain_cuts", "pieces", "Tail"]
+__all__ = ["times", "tail", "chain_cuts", "pieces", "chain_cost", "Tail"]
 
-Tail = tuple[list[list[MicroBatch]], np.ndarray, bool]  # per replica micro-batches, estimated seconds, big k used
+# per replica: bins of big samples (positions; a micro-batch each at ``kb``), chain micro-batches; estimated
+# seconds per replica; whether any big sample runs at ``kb``
+Tail = tuple[list[list[list[int]]], list[list[MicroBatch]], np.ndarray, bool]
 
 
 def times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,12 +45,13 @@ def times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, n
 def tail(batch: Batch, cost: CostModel, d: int, kb: int, split: int, twin: bool, k0: int, budget: int,
          is_big: np.ndarray, is_chain: np.ndarray, n_rep: int) -> Tail | None:
     """Big samples' micro-batches, then chains', per replica (LPT on estimates); None when memory cannot hold a
-    chain. The third value says whether any micro-batch runs with the big samples' ``kb`` layers."""
+    chain."""
     lengths, samples = batch.lengths, batch.samples
     limit = batch.split_len or np.iinfo(np.int64).max
     cap, rank = cost.token_cap(k0), None if d > 1 else 0
     rep_load = np.zeros(n_rep)
     out: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
+    bins: list[list[list[int]]] = [[] for _ in range(n_rep)]
     units: list[list[MicroBatch]] = []  # one list of micro-batches per big sample (twin) or chain
     est: list[float] = []
     big = np.flatnonzero(is_big)
@@ -60,8 +67,7 @@ def tail(batch: Batch, cost: CostModel, d: int, kb: int, split: int, twin: bool,
         t_big = times(lengths[big].astype(np.float64), cost, d, kb)[1]
         t_big = t_big + np.array([cost.cp_comm_s(float(n), kb) for n in lengths[big].tolist()])
         for g, members in enumerate(lpt(t_big, n_rep)):  # nothing hides their exchange
-            out[g].extend(big_micro_batches(big[np.asarray(members, dtype=np.int64)], lengths, samples,
-                                            cost.token_cap(kb), d, kb))
+            bins[g] = big_bins(big[np.asarray(members, dtype=np.int64)], lengths, cost.token_cap(kb), d)
             rep_load[g] += float(t_big[members].sum()) if members else 0.0
     first_chain = len(units)
     for i in np.flatnonzero(is_chain).tolist():
@@ -83,9 +89,10 @@ def tail(batch: Batch, cost: CostModel, d: int, kb: int, split: int, twin: bool,
             for m in members:
                 out[g].extend(units[lo + m])
                 rep_load[g] += est[lo + m]
-    return out, rep_load, bool(big.size) and not twin
+    return bins, out, rep_load, bool(big.size) and not twin
 
 
+@lru_cache(maxsize=4096)  # pure; candidates of one batch ask for the same chains
 def chain_cuts(n: int, chunk: int, d: int, kept: int, cost: CostModel, k: int) -> tuple[list[int], float]:
     """Cuts of a chain of n tokens into the fewest pieces of at most ``chunk``: even, or full chunks after one
     short first piece (it attends to no prefix, so its slow small blocks cost little), whichever
@@ -98,11 +105,9 @@ def chain_cuts(n: int, chunk: int, d: int, kept: int, cost: CostModel, k: int) -
     return cuts, t
 
 
-def big_micro_batches(pos: np.ndarray, lengths: np.ndarray, samples: np.ndarray, cap: int, d: int,
-                      ckpt: int) -> list[MicroBatch]:
-    """Samples sharded whole with ``ckpt`` checkpointed layers, first fit decreasing into micro-batches of at
-    most ``cap`` tokens per rank."""
-    rank = None if d > 1 else 0
+def big_bins(pos: np.ndarray, lengths: np.ndarray, cap: int, d: int) -> list[list[int]]:
+    """Samples (positions) sharded whole, first fit decreasing into micro-batches of at most ``cap`` tokens per
+    rank."""
     bins: list[list[int]] = []
     room: list[int] = []
     for i in pos[np.lexsort((pos, -lengths[pos]))].tolist():
@@ -114,8 +119,7 @@ def big_micro_batches(pos: np.ndarray, lengths: np.ndarray, samples: np.ndarray,
             b = len(bins) - 1
         bins[b].append(i)
         room[b] -= w
-    return [MicroBatch(pieces=tuple(Piece(int(samples[i]), 0, int(lengths[i]), rank) for i in members),
-                       ckpt_layers=ckpt) for members in bins]
+    return bins
 
 
 def pieces_s(bounds: list[int], d: int, kept: int, cost: CostModel, k: int) -> float:
@@ -148,6 +152,7 @@ def tail_tokens(cost: CostModel, per_rank: int, k: int, cap: int) -> int:
     return max(n, 0)
 
 
+@lru_cache(maxsize=4096)
 def memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: int) -> list[int] | None:
     """Bounds of a memory-sized chain of n tokens over d ranks: the last piece per :func:`tail_tokens`, the head
     cut greedily as long as memory allows beside the K/V of what precedes each piece, every piece within
@@ -171,3 +176,20 @@ def pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int, kept: int 
     """A chain with pieces [cuts[j], cuts[j+1]), one per micro-batch, all but the last ``kept`` recomputed."""
     return [MicroBatch((Piece(sample, a, b, rank),), ckpt_layers=ckpt, recompute=j < len(cuts) - 1 - kept)
             for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
+
+
+def chain_cost(chains: list[list[MicroBatch]], d: int, cost: CostModel, full: dict[int, int],
+               memo: dict[MicroBatch, tuple[np.ndarray, ...]]) -> tuple[list[float], bool]:
+    """Per replica, the simulator's seconds of its chain micro-batches, and whether any runs over memory (the
+    walk of sim/memory.py; the whole samples before them hold nothing). ``memo``: micro-batch times at d."""
+    secs, oom = [], False
+    for mbs in chains:
+        total, walk = 0.0, ReplicaMemory(cost, d, full.__getitem__)
+        for mb in mbs:
+            t = memo.get(mb)
+            if t is None:
+                t = memo[mb] = micro_batch_times(mb, d, cost)
+            total += float(t[0].max()) if mb.pieces else 0.0
+            oom = oom or bool(np.any(walk.peak(mb, t[4], t[5]) > cost.hw.memory_bytes))
+        secs.append(total)
+    return secs, oom
