@@ -45,10 +45,12 @@ from .knobs import Candidate, candidates, count, divisors, flag, numbers
 from .layout import Layout, Rates, floor
 from .moves import BUDGET, Budget, balance, search
 from .place import build
+from .tail import chain_cost
 
 __all__ = ["Unified", "Candidate"]
 
 Key = tuple[bool, float, int]  # (over memory, seconds, candidate order)
+VARIANT_ALPHAS = 2  # a degree's variants (more checkpointing, smaller splits, tail twins) at its best alphas only
 
 
 @register
@@ -107,15 +109,20 @@ class Unified(Planner):
         samples = batch.samples.tolist()
 
         per_degree: dict[int, list[tuple[Key, Layout]]] = {}
+        alphas: dict[int, list[tuple[Key, float]]] = {}  # per degree, its plain candidates' keys and thresholds
         best = math.inf  # the fastest layout within memory so far: a degree whose bound reaches it is skipped
         for c in candidates(batch, ctx, rates):
             if ctx.cost.cfg.pp == 1 and rates(c.degree, ctx.ckpt_layers).bound >= best:
+                continue
+            if c.variant and c.alpha not in [a for _, a in sorted(alphas.get(c.degree, []))[:VARIANT_ALPHAS]]:
                 continue
             lay = build(batch, ctx, rates, c, seen, memos.setdefault(c.degree, {}))
             if lay is None:  # infeasible, or the same placement as an earlier candidate
                 continue
             kept = per_degree.setdefault(c.degree, [])
             kept.append(((*self._score(lay, ctx, samples, lengths), len(seen)), lay))
+            if not c.variant:
+                alphas.setdefault(c.degree, []).append((kept[-1][0], c.alpha))
             if not kept[-1][0][0]:
                 best = min(best, kept[-1][0][1])
             kept.sort(key=lambda kv: kv[0])
@@ -158,14 +165,28 @@ class Unified(Planner):
 
     def _fill(self, step: Step, lay: Layout, ctx: PlanContext, lengths: dict[int, int]) -> Step:
         """The step with micro-batches emptied beside chains' last pieces, or beside those and recomputed chunks:
-        the fastest of the three in the simulator (ties: the fewer micro-batches)."""
+        the fastest of the three in the simulator (ties: the fewer micro-batches). With one stage only the
+        replicas holding chains change, and only they are walked in the simulator's terms."""
         filled = [f for f in (fill_step(step, lay.cost, lengths.__getitem__, recomputed=r) for r in (False, True))
                   if f.replicas != step.replicas]
         if len(filled) == 2 and filled[0].replicas == filled[1].replicas:
             filled = filled[1:]
         if not filled:
             return step
-        best = (self._simulated(step, lengths, lay, ctx), 0, step)
+        chained = [g for g, chain in enumerate(lay.chains) if chain]
+        rest = [g for g, chain in enumerate(lay.chains) if not chain]
+        rest_s = max((lay.replica_s(g) for g in rest), default=0.0)
+        rest_oom = any(max(mb.tok) + mb.w > mb.r.mem for g in rest for mb in lay.reps[g])
+        memo: dict[MicroBatch, tuple] = {}
+
+        def score(st: Step) -> tuple[bool, float]:
+            if ctx.cost.cfg.pp > 1:
+                return self._simulated(st, lengths, lay, ctx)
+            secs, oom = chain_cost([list(st.replicas[g].micro_batches) for g in chained], lay.d, lay.cost, lengths,
+                                   memo)
+            return oom or rest_oom, max(max(secs), rest_s) + lay.cost.grad_allreduce_s()
+
+        best = (score(step), 0, step)
         for n, f in enumerate(filled, start=1):
-            best = min(best, (self._simulated(f, lengths, lay, ctx), -n, f), key=lambda t: t[:2])
+            best = min(best, (score(f), -n, f), key=lambda t: t[:2])
         return best[2]

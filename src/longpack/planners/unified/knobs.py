@@ -43,6 +43,7 @@ class Candidate(NamedTuple):
     split: int
     alpha: float
     tail: bool = False  # big samples as two-piece chains (small recomputed head, kept tail) instead of ckpt
+    variant: bool = False  # more checkpointing, a smaller split or the tail twin: built for the best alphas only
 
 
 def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates]) -> list[Candidate]:
@@ -57,8 +58,9 @@ def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates
     splits = given or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
     alphas = numbers(ctx, "alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light") or list(ALPHAS)
     longest, k0 = float(batch.lengths.max()), ctx.ckpt_layers
-    out = []
+    out: list[Candidate] = []
     for d in degrees:
+        mine: list[Candidate] = []
         work, unit = rates(d, k0).forms
         critical = given or float(unit.max()) > float(work.sum()) / world  # a chain's unit sets the bound
         ckpts = [k0]
@@ -68,10 +70,12 @@ def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates
         for k in ckpts:
             chains = longest > cost.token_cap(k) * d
             for split in (splits if cost.cfg.pp > 1 or (chains and critical) else splits[:1]):
-                out += [Candidate(d, k, split, a) for a in (alphas if d > 1 else alphas[:1])]
+                plain = k == k0 and split == splits[0]
+                mine += [Candidate(d, k, split, a, False, not plain) for a in (alphas if d > 1 else alphas[:1])]
                 twin = k > k0 or (chains and split == splits[0])
                 if twin and (d == 1 or flag(ctx.option("shard_chains", True))):
-                    out += [Candidate(d, k, split, a, True) for a in (alphas if d > 1 else alphas[:1])]
+                    mine += [Candidate(d, k, split, a, True, True) for a in (alphas if d > 1 else alphas[:1])]
+        out += sorted(mine, key=lambda c: c.variant)  # the plain ones first: they rank the alphas
     return out
 
 

@@ -51,15 +51,14 @@ class Rates:
             mem -= 1
         self.mem = mem
         # the exchange is piecewise linear in tokens between the collective tables' sizes: kept as its values there
-        # and the slope past the last (and 0 below the first, its latency floor); ``slopes``: least slope from
-        # each point on, for :func:`~.place.deal_shared`'s pruning
+        # and the slope past the last (and 0 below the first, its latency floor); ``slopes``: each segment's
         kvb = cost.kv_bytes_per_token
         self.xs = sorted({mb * MB / kvb for rows in cost.hw.collectives.values() for mb, _ in rows})
         self.ys = [float(cost.cp_comm_s(t, k)) for t in self.xs]
         end = (float(cost.cp_comm_s(2 * self.xs[-1], k)) - self.ys[-1]) / self.xs[-1]
         steps = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in
                  zip(self.xs, self.xs[1:], self.ys, self.ys[1:], strict=False)]
-        self.end, self.slopes = end, [min([*steps[i:], end]) for i in range(len(steps) + 1)]
+        self.end, self.slopes = end, [*steps, end]
 
     @cached_property
     def forms(self) -> tuple[np.ndarray, np.ndarray]:
@@ -87,9 +86,11 @@ class Rates:
             return ys[-1] + (tokens - xs[-1]) * self.end
         return ys[i - 1] + (tokens - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
 
-    def least_slope(self, tokens: float) -> float:
-        """A lower bound on the exchange's growth per token from ``tokens`` sharded tokens on."""
-        return self.slopes[bisect_right(self.xs, tokens) - 1] if tokens >= self.xs[0] else 0.0
+    def least_slope(self, lo: float, hi: float) -> float:
+        """A lower bound on the exchange's growth per token between ``lo`` and ``hi`` sharded tokens."""
+        if lo < self.xs[0]:
+            return 0.0
+        return min(self.slopes[bisect_right(self.xs, lo) - 1:bisect_right(self.xs, hi)])
 
     def time(self, loc: float, sh: float, n: int) -> float:
         """Eq. 2: a micro-batch's seconds from its largest own load, summed shares and sharded tokens."""
@@ -149,13 +150,15 @@ def pack(r: Rates, shared: list[int], own: list[list[int]], budget: int) -> list
     O(samples · m)."""
     if not shared and not any(own):
         return []
-    sh_w = [r.w[i] for i in shared]
+    sh_w, half = [r.w[i] for i in shared], budget // 2
     need = max(sum(sh_w) + sum(r.n[i] for i in mine) for mine in own)
-    m = max(1, -(-need // budget))
-    # the first m shares open one micro-batch each, so while m <= shares no micro-batch has more room than
-    # budget - (narrowest share): an own sample longer than that fits nowhere until one micro-batch stays empty
-    if shared and m <= len(shared) and max((r.n[i] for mine in own for i in mine), default=0) > budget - min(sh_w):
-        m = len(shared) + 1
+    m = max(1, -(-need // budget), sum(1 for w in sh_w if w > half))
+    if shared:
+        # the shares go one to a micro-batch while one is empty, so an own sample too long to sit beside the
+        # narrowest share needs one of the m - (shares) empty ones: fewer can never hold them all
+        big = [[n for n in (r.n[i] for i in mine) if n > budget - min(sh_w)] for mine in own]
+        if any(big):
+            m = max(m, len(shared) + max(max(-(-sum(b) // budget), sum(1 for n in b if n > half)) for b in big))
     if m == 1:
         return [Mb(r, list(shared), [(i, j) for j, mine in enumerate(own) for i in mine])]
     while (dealt := _deal(r, shared, own, m, budget)) is None:
@@ -171,8 +174,10 @@ def _deal(r: Rates, shared: list[int], own: list[list[int]], m: int, budget: int
     out_own: list[list[tuple[int, int]]] = [[] for _ in range(m)]
     bins = range(m)
     for i in shared:
-        wi = r.w[i]
-        b = min((b for b in bins if used[b] + wi <= budget), key=sh.__getitem__, default=-1)
+        wi, b, least = r.w[i], -1, math.inf
+        for c in bins:
+            if used[c] + wi <= budget and sh[c] < least:
+                b, least = c, sh[c]
         if b < 0:
             return None
         used[b] += wi
@@ -183,9 +188,12 @@ def _deal(r: Rates, shared: list[int], own: list[list[int]], m: int, budget: int
     for j, mine in enumerate(own):
         room, loc = [budget - u for u in used], [0.0] * m
         for i in mine:
-            n, t = r.n[i], r.own[i]
-            b = min((b for b in bins if n <= room[b]), key=lambda b: (max(x[b], loc[b] + t) + sh[b], loc[b]),
-                    default=-1)
+            n, t, b, least = r.n[i], r.own[i], -1, math.inf
+            for c in bins:
+                if n <= room[c]:
+                    v = max(x[c], loc[c] + t) + sh[c]
+                    if v < least or (v == least and loc[c] < loc[b]):
+                        b, least = c, v
             if b < 0:
                 return None
             room[b] -= n

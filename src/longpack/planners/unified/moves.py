@@ -160,11 +160,14 @@ def repack(mbs: list[Mb], cap: int, budget: Budget) -> None:
 def _repack_one(mbs: list[Mb], a: int, p: Member, cap: int, budget: Budget) -> bool:
     """Move member p of micro-batch a to the first micro-batch that takes it (alone, or in place of the smallest
     member of its kind that makes it fit) with less time in sum; whether one did."""
-    src, (i, j) = mbs[a], p
+    src, (i, j), r = mbs[a], p, mbs[a].r
     rest = trial(src, cap, (p,))
-    if rest is None or rest >= src.t or not budget.spend():
+    # a share whose exchange own work hid frees only its share here, which it costs wherever it goes
+    if rest is None or rest >= src.t or (j < 0 and rest and src.t - rest <= r.share[i] + 1e-12 * src.t):
         return False
-    r, width = src.r, (src.r.w if j < 0 else src.r.n)
+    if not budget.spend():
+        return False
+    width = r.w if j < 0 else r.n
     for b, dst in enumerate(mbs):
         if b == a or dst.r is not r:
             continue
