@@ -425,16 +425,16 @@ def test_unified_repack_moves_a_share_beside_own_work_and_empties_a_micro_batch(
 
     for a, src in enumerate(mbs):
         for p in members(src):
-            rest = trial(src, cap, (p,))
+            rest = trial(src, cap, p)
             for b, dst in enumerate(mbs):
                 for rank in ([-1] if p[1] < 0 else [0, 1]):
                     if b == a and rank == p[1]:
                         continue
                     if b == a:
-                        moved = trial(src, cap, (p,), ((p[0], rank),))
+                        moved = trial(src, cap, p, (p[0], rank))
                         assert moved is None or moved >= src.t - 1e-12
                         continue
-                    grown = trial(dst, cap, (), ((p[0], rank),))
+                    grown = trial(dst, cap, None, (p[0], rank))
                     if rest is not None and grown is not None:
                         assert rest + grown >= src.t + dst.t - 1e-12
 

@@ -69,6 +69,34 @@ class PlanContext:
     def option(self, name: str, default: Any) -> Any:
         return self.options.get(name, default)
 
+    def flag(self, name: str, default: bool) -> bool:
+        """Option ``name`` as on/off: anything but 0, false, no or off (any case) is on."""
+        return str(self.options.get(name, default)).strip().lower() not in ("0", "false", "no", "off")
+
+    def count(self, name: str, example: str) -> int | None:
+        """Option ``name`` as a whole number >= 0 (None when not given), or one line naming it and the fix."""
+        text = self.options.get(name)
+        if text is None or text == "":
+            return None
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ValueError(f"--opt {name}={text!r}: expected a whole number >= 0 (0 turns it off), e.g. "
+                             f"{name}={example}")
+        return value
+
+    def numbers(self, name: str, cast: Callable[[str], Any], example: str, kind: str) -> list[Any]:
+        """Option ``name`` as comma-separated values ([] when not given), or one line naming it and the fix."""
+        text = self.options.get(name)
+        if text is None or text == "":
+            return []
+        try:
+            return [cast(x) for x in str(text).split(",")]
+        except ValueError:
+            raise ValueError(f"--opt {name}={text!r}: expected comma-separated {kind}, e.g. {name}={example}") from None
+
 
 @dataclass(frozen=True)
 class Batch:

@@ -5,38 +5,40 @@ One CP degree per step makes every sharded sample pay the exchange of the widest
 chunkflow-eval at DP32·CP8 a 260K-token sample needs CP 128, and the 11-77K samples beside it then exchange over
 groups of 128 too. :func:`regroup` keeps the planner's choice of which samples to shard and tries, for every split of
 the world of :func:`shapes` (at most ``PARTS`` groups whose sizes divide it, or one or two wide groups and many narrow
-ones), one greedy layout, one micro-batch per group at the step's checkpointing:
+ones), one greedy layout, one micro-batch per group at the step's checkpointing, timed by Eq. 2's closed form
+(planners/unified/layout.py, the simulator's own terms):
 
-1. the sharded samples, longest first, each to the group whose micro-batch gets least slower (simulator times);
+1. the sharded samples, longest first, each to the group whose micro-batch then ends soonest;
 2. the others, longest first, each to the rank (of any group) that finishes first by Eq. 2 — its own work hides
    under its group's K/V exchange — within the token cap; one that fits no rank is sharded as in 1.
 
-The fastest layout in the simulator replaces the step when it is at least ``MIN_GAIN`` (3%) faster: each span of
-a new size is one more process group (on GPUs, an NCCL communicator that holds memory and takes setup, neither
-priced by the cost model), and a gain within the cost model's error does not pay for that. Before the search, a
-step stays when the bound of layouts on several sizes (``bounds.mixed_step_bound`` without its split) leaves no room
-for that gain. Steps with chains, whose samples do not fit one micro-batch per group, or that shard no sample stay
-as they are. Guarantees: the result is a valid Step (coverage, the token cap on every rank) and never slower in the
-simulator than the step given. Cost: per split, O(sharded samples × groups) micro-batch timings (groups of one
-degree with the same sharded samples timed once) + O(own samples × world) + one step simulation, for each split of
+The fastest layout replaces the step when it is at least ``MIN_GAIN`` (3%) faster: each span of a new size is one
+more process group (on GPUs, an NCCL communicator that holds memory and takes setup, neither priced by the cost
+model), and a gain within the cost model's error does not pay for that. Before the search, a step stays when the
+bound of layouts on several sizes (``bounds.mixed_step_bound`` without its split) leaves no room for that gain.
+Steps with chains, whose samples do not fit one micro-batch per group, or that shard no sample stay as they are.
+Guarantees: the result is a valid Step (coverage, the token cap on every rank) and never slower in the simulator
+than the step given. Cost: per split, O(sharded samples × groups · d) + O(own samples × world), for each split of
 :func:`shapes` (86 of a world of 256, 46 of a world of 32); the bound, O(samples · sizes), comes first.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
-
 import numpy as np
 
 from ..cost import CostModel
-from ..plan import MicroBatch, Piece, Plan, Replica, Step
+from ..plan import Plan, Replica, Step
 from ..sim.bounds import mixed_step_bound
-from ..sim.simulate import micro_batch_times, simulate_step
+from ..sim.simulate import _with_cp, simulate_step
+from .unified.layout import Mb, Rates
+from .unified.moves import apply, trial
 
 __all__ = ["PARTS", "partitions", "shapes", "regroup", "layout_on_groups"]
 
 PARTS = 8  # most groups in one step
+WIDE = 16  # a wide group of a head holds at least world / WIDE ranks
+NARROW = 8  # the narrow groups of a tail hold at most this many ranks (one node)
+MIN_GAIN = 0.03  # a step moves to groups of several sizes only when that is at least this much faster
 
 
 def partitions(world: int, sizes: list[int], parts: int = PARTS) -> list[tuple[int, ...]]:
@@ -46,123 +48,13 @@ def partitions(world: int, sizes: list[int], parts: int = PARTS) -> list[tuple[i
     def grow(left: int, largest: int, acc: tuple[int, ...]) -> None:
         if left == 0:
             out.append(acc)
-            return
-        if len(acc) == parts:
-            return
-        for s in sizes:
-            if s <= min(left, largest):
-                grow(left - s, s, acc + (s,))
+        elif len(acc) < parts:
+            for s in sizes:
+                if s <= min(left, largest):
+                    grow(left - s, s, acc + (s,))
 
     grow(world, world, ())
     return out
-
-
-class _Group:
-    """One CP group being filled: its degree, sharded samples and (at the end) per-rank own samples."""
-
-    def __init__(self, cost: CostModel, degree: int, world: int) -> None:
-        self.d = degree
-        self.cost = cost if cost.cfg.cp == degree else CostModel(cost.model, cost.hw,
-                                                                 replace(cost.cfg, cp=degree, dp=world // degree))
-        self.shared: list[tuple[int, int]] = []  # (sample, length)
-        self.own: list[list[tuple[int, int]]] = [[] for _ in range(degree)]
-        self.share_tokens = 0.0
-
-    def micro_batch(self, ckpt: int) -> MicroBatch:
-        pieces = [Piece(i, 0, n, None) for i, n in self.shared]
-        pieces += [Piece(i, 0, n, r) for r, xs in enumerate(self.own) for i, n in xs]
-        return MicroBatch(tuple(pieces), ckpt_layers=ckpt)
-
-
-def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel,
-                     degrees: tuple[int, ...]) -> Step | None:
-    """The greedy layout of ``step``'s samples on groups of ``degrees`` (module docstring); None when it does not
-    fit one micro-batch per group. Own samples go to the best rank of the whole world in one vectorised pass
-    each."""
-    world = sum(degrees)
-    ckpt = max((mb.ckpt_layers for r in step.replicas for mb in r.micro_batches), default=0)
-    cap = step.token_cap
-    deal = _Deal(cost, degrees, lengths, cap, ckpt)
-    pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
-    shared = sorted({p.sample for p in pieces if p.cp_rank is None}, key=lambda i: (-lengths[i], i))
-    own = sorted({p.sample for p in pieces if p.cp_rank is not None}, key=lambda i: (-lengths[i], i))
-    if any(deal.share(i) < 0 for i in shared):
-        return None
-    groups = deal.groups
-    of_rank = np.repeat(np.arange(len(groups)), degrees)
-    comm = np.array([deal.timed(k)[1] for k in range(len(groups))])
-    dist = np.array([deal.timed(k)[2] for k in range(len(groups))])
-    share_tok = np.array([g.share_tokens for g in groups])
-    own_s, own_tok = np.zeros(world), np.zeros(world)
-    placed: list[list[tuple[int, int]]] = [[] for _ in range(world)]
-    for i in own:
-        n = lengths[i]
-        alone = float(cost.sequence_s(n))  # one rank's time: the same in every group
-        finish = np.maximum(comm[of_rank], own_s + alone) + dist[of_rank]  # Eq. 2: own work hides under the exchange
-        finish[share_tok[of_rank] + own_tok + n > cap] = np.inf
-        r = int(np.argmin(finish))
-        if np.isfinite(finish[r]):
-            placed[r].append((i, n))
-            own_tok[r] += n
-            own_s[r] += alone
-            deal.held[of_rank[r]] = max(deal.held[of_rank[r]], own_tok[r])
-            continue
-        k = deal.share(i)
-        if k < 0:
-            return None
-        _, comm[k], dist[k] = deal.timed(k)
-        share_tok[k] = groups[k].share_tokens
-    return _on_groups(step, groups, placed, degrees, ckpt)
-
-
-class _Deal:
-    """Sharded samples onto the groups of one split. A group's exchange and shared compute depend on its sharded
-    samples only, so groups of one degree holding the same ones are timed once."""
-
-    def __init__(self, cost: CostModel, degrees: tuple[int, ...], lengths: dict[int, int], cap: int, ckpt: int
-                 ) -> None:
-        self.groups = [_Group(cost, d, sum(degrees)) for d in degrees]
-        self.lengths, self.cap, self.ckpt = lengths, cap, ckpt
-        self.held = np.zeros(len(degrees))  # most own tokens on one rank of each group
-        self._memo: dict[tuple, tuple[float, float, float]] = {}
-
-    def timed(self, k: int, extra: tuple[int, int] | None = None) -> tuple[float, float, float]:
-        """(time, K/V exchange, shared compute) of group k's sharded samples (and ``extra``); inf over the cap."""
-        g = self.groups[k]
-        key = (g.d, *g.shared, extra)
-        if key not in self._memo:
-            shares = g.shared + ([extra] if extra else [])
-            mb = MicroBatch(tuple(Piece(i, 0, n, None) for i, n in shares), ckpt_layers=self.ckpt)
-            if not mb.pieces:
-                self._memo[key] = (0.0, 0.0, 0.0)
-            else:
-                time, _, dist, comm, tokens, _ = micro_batch_times(mb, g.d, g.cost)
-                self._memo[key] = ((np.inf, np.inf, np.inf) if float(np.max(tokens)) > self.cap
-                                   else (float(time.max()), float(comm[0]), float(dist[0])))
-        return self._memo[key]
-
-    def share(self, i: int) -> int:
-        """Shard sample i on the group it slows least (within the cap); its index, or -1."""
-        n, cap = self.lengths[i], self.cap
-        best = min(((self.timed(k, (i, n))[0] if g.share_tokens + math.ceil(n / g.d) + self.held[k] <= cap
-                     else np.inf, -g.d, k) for k, g in enumerate(self.groups)))
-        if not np.isfinite(best[0]):
-            return -1
-        g = self.groups[best[2]]
-        g.shared.append((i, n))
-        g.share_tokens += math.ceil(n / g.d)
-        return best[2]
-
-
-def _on_groups(step: Step, groups: list[_Group], placed: list[list[tuple[int, int]]], degrees: tuple[int, ...],
-               ckpt: int) -> Step:
-    """The step of one micro-batch per group, each group's ranks holding their ``placed`` own samples."""
-    first = 0
-    for g in groups:
-        g.own = placed[first:first + g.d]
-        first += g.d
-    return Step(cp=max(degrees), token_cap=step.token_cap, group=step.group, degrees=degrees,
-                replicas=tuple(Replica((g.micro_batch(ckpt),)) for g in groups))
 
 
 def shapes(world: int, allowed: list[int] | None = None) -> list[tuple[int, ...]]:
@@ -173,8 +65,7 @@ def shapes(world: int, allowed: list[int] | None = None) -> list[tuple[int, ...]
     sizes = _sizes(world, allowed)
     out = set(partitions(world, sizes))
     wide = [d for d in sizes if d * WIDE >= world and d < world]
-    heads = [(a,) for a in wide] + [(a, b) for a in wide for b in wide if b <= a and a + b < world]
-    for head in heads:
+    for head in [(a,) for a in wide] + [(a, b) for a in wide for b in wide if b <= a and a + b < world]:
         left = world - sum(head)
         out.update(head + (q,) * (left // q) for q in sizes if q <= NARROW and q < min(head) and left % q == 0)
     return sorted((s for s in out if len(set(s)) > 1), reverse=True)
@@ -185,16 +76,81 @@ def _sizes(world: int, allowed: list[int] | None) -> list[int]:
     return [d for d in range(world, 0, -1) if world % d == 0 and (allowed is None or d in allowed)]
 
 
-WIDE = 16  # a wide group of a head holds at least world / WIDE ranks
-NARROW = 8  # the narrow groups of a tail hold at most this many ranks (one node)
+class _Step:
+    """A step's samples by position (longest first), whether the step shards each, and their Eq. 2 terms at each
+    degree (memoised) at the step's checkpointing."""
+
+    def __init__(self, step: Step, lengths: dict[int, int], cost: CostModel) -> None:
+        pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
+        self.ids = sorted({p.sample for p in pieces}, key=lambda i: (-lengths[i], i))
+        self.n = np.array([lengths[i] for i in self.ids], dtype=np.int64)
+        self.sharded = {p.sample for p in pieces if p.cp_rank is None}
+        self.ckpt = max((mb.ckpt_layers for r in step.replicas for mb in r.micro_batches), default=0)
+        self.cost, self._rates = cost, dict[int, Rates]()
+
+    def rates(self, d: int) -> Rates:
+        if d not in self._rates:
+            world = self.cost.cfg.dp * self.cost.cfg.cp
+            cost = self.cost if d == self.cost.cfg.cp else _with_cp(self.cost, d, world // d)
+            self._rates[d] = Rates(cost, d, self.n, self.ckpt)
+        return self._rates[d]
+
+
+def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel, degrees: tuple[int, ...]) -> Step | None:
+    """The greedy layout of ``step``'s samples on groups of ``degrees`` (module docstring); None when it does not
+    fit one micro-batch per group."""
+    s = _Step(step, lengths, cost)
+    mbs = _lay(s, degrees, step.token_cap)
+    return None if mbs is None else _on_groups(step, s, mbs, degrees)
+
+
+def _lay(s: _Step, degrees: tuple[int, ...], cap: int) -> list[Mb] | None:
+    """One micro-batch per group of ``degrees`` (module docstring), or None. Own samples go to the best rank of
+    the whole world in one vectorised pass each."""
+    mbs = [Mb(s.rates(d), [], []) for d in degrees]
+    of_rank = np.repeat(np.arange(len(degrees)), degrees)
+    at = np.concatenate([np.arange(d) for d in degrees])  # each rank's index in its group
+    loc, tok, own = np.zeros(of_rank.size), np.zeros(of_rank.size), s.rates(1).own
+
+    def share(i: int) -> bool:  # shard sample i where its group ends soonest (within the cap), larger groups first
+        ends = [(t, -mb.r.d, k) for k, mb in enumerate(mbs) if (t := trial(mb, cap, None, (i, -1))) is not None]
+        if ends:
+            apply(mbs[min(ends)[2]], None, (i, -1))
+        return bool(ends)
+
+    if not all(share(i) for i, x in enumerate(s.ids) if x in s.sharded):
+        return None
+    hid, add, room = (np.array(v)[of_rank] for v in ([mb.r.x(mb.n) for mb in mbs], [mb.sh + mb.r.h for mb in mbs],
+                                                      [cap - mb.w for mb in mbs]))
+    for i in (i for i, x in enumerate(s.ids) if x not in s.sharded):
+        finish = np.where(room - tok >= s.n[i], np.maximum(hid, loc + own[i]) + add, np.inf)
+        r = int(np.argmin(finish))
+        if np.isfinite(finish[r]):
+            mbs[of_rank[r]].own.append((i, int(at[r])))
+            loc[r], tok[r] = loc[r] + own[i], tok[r] + s.n[i]
+            continue
+        for mb in mbs:
+            mb.sums()
+        if not share(i):  # it fits no rank: sharded where it slows a group least, the groups timed again
+            return None
+        hid, add, room = (np.array(v)[of_rank] for v in ([mb.r.x(mb.n) for mb in mbs],
+                                                          [mb.sh + mb.r.h for mb in mbs], [cap - mb.w for mb in mbs]))
+    for mb in mbs:
+        mb.sums()
+    return mbs
+
+
+def _on_groups(step: Step, s: _Step, mbs: list[Mb], degrees: tuple[int, ...]) -> Step:
+    return Step(cp=max(degrees), token_cap=step.token_cap, group=step.group, degrees=degrees,
+                replicas=tuple(Replica((mb.micro_batch(s.ids),)) for mb in mbs))
 
 
 def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str = "unified",
             sizes: list[int] | None = None) -> Step:
     """``step``, or the fastest of its layouts on groups of several sizes (of ``sizes`` when given) when one is at
-    least ``MIN_GAIN`` faster in the simulator. A step that shards no sample stays (without an exchange a group's
-    size changes nothing), and so does one whose bound of layouts on several sizes (without its split term, a few
-    tens of ms) leaves no room for that gain."""
+    least ``MIN_GAIN`` faster. A step that shards no sample stays (without an exchange a group's size changes
+    nothing), and so does one whose bound of layouts on several sizes (without its split term, a few tens of ms)
+    leaves no room for that gain."""
     world = cost.cfg.dp * cost.cfg.cp
     pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
     if (cost.cfg.pp > 1 or all(p.cp_rank is not None for p in pieces)
@@ -205,15 +161,9 @@ def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str =
     samples = np.array(sorted(lengths[i] for i in {p.sample for p in pieces}), dtype=np.float64)
     if mixed_step_bound(samples, cost, _sizes(world, sizes), split=False) >= worth:
         return step  # no layout on several sizes can be MIN_GAIN faster: skip the search (most lmsys steps)
-    best, best_s = step, worth
+    best, best_s, s = None, worth - cost.grad_allreduce_s(), _Step(step, lengths, cost)
     for degrees in shapes(world, sizes):
-        laid = layout_on_groups(step, lengths, cost, degrees)
-        if laid is None:
-            continue
-        rep = simulate_step(0, laid, plan, cost, bound=False)
-        if not rep.oom and rep.time_s < best_s:
-            best, best_s = laid, rep.time_s
-    return best
-
-
-MIN_GAIN = 0.03  # a step moves to groups of several sizes only when that is at least this much faster (module doc)
+        mbs = _lay(s, degrees, step.token_cap)
+        if mbs is not None and max(mb.t for mb in mbs) < best_s and all(max(mb.tok) + mb.w <= mb.r.mem for mb in mbs):
+            best, best_s = (mbs, degrees), max(mb.t for mb in mbs)
+    return step if best is None else _on_groups(step, s, *best)

@@ -170,7 +170,7 @@ class HBP(Planner):
             return groups, {"groups": [g.tag for g in groups], "selection": "manual"}
         cand = ctx.option("lengths", None)
         candidates = [int(x) for x in str(cand).split(",")] if cand else None
-        widen = str(ctx.option("widen", "0")).strip().lower() not in ("0", "false", "no", "off")
+        widen = ctx.flag("widen", False)
         sp_set = None if widen else [d for d in (1, 2, 4, 8, 16) if ctx.cp % d == 0]  # divisors of --cp
         groups, report = select_groups(lengths, ctx.cost, world, candidates=candidates, sp_set=sp_set,
                                        profiles=ctx.option("profiles", None))

@@ -6,7 +6,8 @@ Per global batch:
    and sharding threshold, each one paper's lever made a choice.
 2. **One greedy placement** per candidate (place.py, tail.py): chains and big samples, then sharded samples, then
    whole samples to replicas and ranks by cost-model seconds, packed into micro-batches (layout.py) whose times
-   are Eq. 2's closed form, the simulator's own terms; a candidate placing exactly as an earlier one is skipped.
+   are Eq. 2's closed form, the simulator's own terms. A candidate placing exactly as an earlier one is skipped,
+   and so is a degree whose bound (layout.Rates.bound) the best layout so far already reaches.
 3. **Local search** (moves.py, one pipeline stage): the two best layouts of the best degree (and its best of
    another sharding) and the best of the next two are balanced by moving whole micro-batches between replicas;
    the fastest is searched further, in rounds of repacking samples within a replica and trading samples between
@@ -18,12 +19,13 @@ Per global batch:
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
 micro-batch counts, determinism (ties by position). The candidate (d = cp, configured k, K = 1, α = ∞), plain
-cost-balanced packing with memory-forced sharding, is always scored and every later phase only keeps what the
-simulator's terms say is no slower, so the result is never slower than that plan when it fits memory.
+cost-balanced packing with memory-forced sharding, is scored unless a layout already beats its degree's bound,
+and every later phase only keeps what the simulator's terms say is no slower, so the result is never slower than
+that plan when it fits memory.
 
-Cost: C candidates × O(n log n + n · replicas) placement and O(n) scoring, C ≤ |degrees| · 2 · |splits| · 6; the
-local search prices at most ``budget`` layouts (default ``BUDGET`` per sample of the batch), O(d) each. Figures
-per batch and per epoch are in docs/BENCHMARKS.md ("Planning cost").
+Cost: C candidates × O(n log n) placement and O(n · m) packing, C ≤ |degrees| · 2 · |splits| · 6; the local
+search prices at most ``budget`` layouts (default ``BUDGET`` per sample of the batch), O(d) each. Figures per
+batch and per epoch are in docs/BENCHMARKS.md ("Planning cost").
 
 Options: ``degrees``, ``splits``, ``alphas`` (the knobs' values), ``widen`` (1: CP groups wider than ``--cp``),
 ``shard_chains`` (0: chains only at CP degree 1, what ``longpack train`` sets), ``budget`` (layouts the local
@@ -41,7 +43,7 @@ from ...sim.simulate import _with_cp, simulate_step
 from ..base import Batch, PlanContext, Planner, assemble_step, register
 from ..beside import fill_step
 from ..groups import MIN_GAIN, regroup
-from .knobs import Candidate, candidates, count, divisors, flag, numbers
+from .knobs import Candidate, candidates, divisors
 from .layout import Layout, Rates, floor
 from .moves import BUDGET, Budget, balance, search
 from .place import build
@@ -62,39 +64,36 @@ class Unified(Planner):
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         lengths = dict(zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True))
-        samples = batch.samples.tolist()
         cache: dict[tuple[int, int], Rates] = {}
 
         def rates(d: int, k: int) -> Rates:
             """The batch's Eq. 2 terms at CP degree d with k checkpointed layers (memoised for this call)."""
             if (d, k) not in cache:
-                cost = _with_cp(ctx.cost, d, ctx.world // d) if d != ctx.cp else ctx.cost
-                cache[d, k] = Rates(cost, d, batch.lengths, k)
+                cache[d, k] = Rates(_with_cp(ctx.cost, d, ctx.world // d) if d != ctx.cp else ctx.cost, d,
+                                    batch.lengths, k)
             return cache[d, k]
 
-        finalists = self._finalists(batch, ctx, lengths, rates)
-        budget = Budget(self._budget(ctx, batch.samples.size))
-        one_stage = ctx.cost.cfg.pp == 1
+        budget, one_stage = Budget(self._budget(ctx, batch.samples.size)), ctx.cost.cfg.pp == 1
         best: tuple[Key, Layout] | None = None
-        for key, lay in finalists:
+        for key, lay in self._finalists(batch, ctx, lengths, rates):
             if one_stage and budget.left > 0 and not key[0]:
                 balance(lay)
-                key = (*self._score(lay, ctx, samples, lengths), key[2])
+                key = (*lay.score(), key[2])
             if best is None or key < best[0]:
                 best = (key, lay)
         assert best is not None
         lay = best[1]
         if one_stage and budget.left > 0 and not best[0][0]:
-            search(lay, budget, count(ctx, "trades", "2"))
-        step = self._step(lay, samples)
+            search(lay, budget, ctx.count("trades", "2"))
+        step = assemble_step(lay.micro_batches(batch.samples.tolist()), cp=lay.d, token_cap=lay.cap)
         if self._budget(ctx, 1) and any(lay.chains):
             step = self._fill(step, lay, ctx, lengths)
-        shards = any(mb.shared for rep in lay.reps for mb in rep)
-        if flag(ctx.option("mixed_groups", True)) and one_stage and shards and not any(lay.chains):
+        if ctx.flag("mixed_groups", True) and one_stage and any(mb.shared for rep in lay.reps for mb in rep) \
+                and not any(lay.chains):
             # sizes of --opt degrees, else divisors of --cp unless widened; searched only where the closed form's
             # bound on groups of those sizes leaves room for the gain regroup asks
-            sizes = numbers(ctx, "degrees", int, "8,4,2,1", "integers") or (
-                None if flag(ctx.option("widen", False)) else divisors(ctx.cp))
+            sizes = ctx.numbers("degrees", int, "8,4,2,1", "integers") or (
+                None if ctx.flag("widen", False) else divisors(ctx.cp))
             if floor([rates(d, ctx.ckpt_layers) for d in sizes or divisors(ctx.world)]) < (1 - MIN_GAIN) * \
                     lay.score()[1]:
                 step = regroup(step, lengths, ctx.cost, self.name, sizes)
@@ -106,8 +105,6 @@ class Unified(Planner):
         and the best of the next two degrees."""
         seen: set[tuple] = set()
         memos: dict[int, dict[MicroBatch, tuple]] = {}  # per degree: the simulator's chain micro-batch times
-        samples = batch.samples.tolist()
-
         per_degree: dict[int, list[tuple[Key, Layout]]] = {}
         alphas: dict[int, list[tuple[Key, float]]] = {}  # per degree, its plain candidates' keys and thresholds
         best = math.inf  # the fastest layout within memory so far: a degree whose bound reaches it is skipped
@@ -120,7 +117,7 @@ class Unified(Planner):
             if lay is None:  # infeasible, or the same placement as an earlier candidate
                 continue
             kept = per_degree.setdefault(c.degree, [])
-            kept.append(((*self._score(lay, ctx, samples, lengths), len(seen)), lay))
+            kept.append(((*self._score(lay, ctx, batch, lengths), len(seen)), lay))
             if not c.variant:
                 alphas.setdefault(c.degree, []).append((kept[-1][0], c.alpha))
             if not kept[-1][0][0]:
@@ -141,26 +138,21 @@ class Unified(Planner):
     def _budget(ctx: PlanContext, samples: int) -> int:
         """``--opt budget`` (default ``BUDGET`` per sample of the batch); ``--opt refine=0``, its older spelling,
         turns the search off."""
-        if count(ctx, "refine", "0") == 0:
+        if ctx.count("refine", "0") == 0:
             return 0
-        given = count(ctx, "budget", "4000")
+        given = ctx.count("budget", "4000")
         return BUDGET * samples if given is None else given
 
-    @staticmethod
-    def _step(lay: Layout, samples: list[int]) -> Step:
-        return assemble_step(lay.micro_batches(samples), cp=lay.d, token_cap=lay.cap)
-
-    def _score(self, lay: Layout, ctx: PlanContext, samples: list[int], lengths: dict[int, int]
-               ) -> tuple[bool, float]:
+    def _score(self, lay: Layout, ctx: PlanContext, batch: Batch, lengths: dict[int, int]) -> tuple[bool, float]:
         """(over memory, simulated step time) of a layout: Eq. 2's closed form with one pipeline stage, else the
         simulator's pipeline schedule of its step."""
         if ctx.cost.cfg.pp == 1:
             return lay.score()
-        return self._simulated(self._step(lay, samples), lengths, lay, ctx)
+        return self._simulated(assemble_step(lay.micro_batches(batch.samples.tolist()), cp=lay.d,
+                                             token_cap=lay.cap), lengths, lay, ctx)
 
     def _simulated(self, step: Step, lengths: dict[int, int], lay: Layout, ctx: PlanContext) -> tuple[bool, float]:
-        plan = Plan(planner=self.name, world=ctx.world, lengths=lengths, steps=(step,))
-        rep = simulate_step(0, step, plan, lay.cost, bound=False)
+        rep = simulate_step(0, step, Plan(self.name, ctx.world, lengths, steps=(step,)), lay.cost, bound=False)
         return rep.oom, rep.time_s
 
     def _fill(self, step: Step, lay: Layout, ctx: PlanContext, lengths: dict[int, int]) -> Step:
@@ -171,12 +163,9 @@ class Unified(Planner):
                   if f.replicas != step.replicas]
         if len(filled) == 2 and filled[0].replicas == filled[1].replicas:
             filled = filled[1:]
-        if not filled:
-            return step
         chained = [g for g, chain in enumerate(lay.chains) if chain]
         rest = [g for g, chain in enumerate(lay.chains) if not chain]
-        rest_s = max((lay.replica_s(g) for g in rest), default=0.0)
-        rest_oom = any(max(mb.tok) + mb.w > mb.r.mem for g in rest for mb in lay.reps[g])
+        rest_s, rest_oom = max((lay.replica_s(g) for g in rest), default=0.0), any(lay.over(g) for g in rest)
         memo: dict[MicroBatch, tuple] = {}
 
         def score(st: Step) -> tuple[bool, float]:
@@ -186,7 +175,7 @@ class Unified(Planner):
                                    memo)
             return oom or rest_oom, max(max(secs), rest_s) + lay.cost.grad_allreduce_s()
 
-        best = (score(step), 0, step)
+        best = (score(step), 0, step) if filled else ((False, 0.0), 0, step)
         for n, f in enumerate(filled, start=1):
             best = min(best, (score(f), -n, f), key=lambda t: t[:2])
         return best[2]

@@ -1,4 +1,4 @@
-"""The unified planner's search space: the discrete knobs of one global batch's layout, and its options.
+"""The unified planner's search space: the discrete knobs of one global batch's layout.
 
 A :class:`Candidate` is one setting of four knobs, each one paper's lever made a choice:
 
@@ -14,23 +14,24 @@ A :class:`Candidate` is one setting of four knobs, each one paper's lever made a
 * ``alpha`` α: a sample that fits a rank is still sharded when its whole-rank time exceeds α·τ (τ: the mean rank
   load), at the step's longest unit (``unit``), or that less the lightest replica's shared work (``light``).
 
-Cost: O(|degrees| · 2 · |splits| · |alphas|) candidates, O(1) each to list.
+A degree's candidates come plain (configured k, K = 1, no twin) first, one per α; the others are ``variant`` s,
+which the planner builds only for the α its plain ones rank best. Cost: O(|degrees| · 2 · |splits| · |alphas|)
+candidates, O(n) a degree to list (its :class:`~.layout.Rates`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ...sim.bounds import min_ckpt
 from ..base import Batch, PlanContext
 from .layout import Rates
-from .tail import times
 
-__all__ = ["Candidate", "candidates", "UNIT", "LIGHT", "count", "numbers", "divisors", "flag"]
+__all__ = ["Candidate", "candidates", "UNIT", "LIGHT", "divisors"]
 
 UNIT = -1.0  # the sharding threshold at the step's longest unit, not a multiple of τ
 LIGHT = -2.0  # the same, less the lightest replica's shared work
@@ -43,84 +44,47 @@ class Candidate(NamedTuple):
     split: int
     alpha: float
     tail: bool = False  # big samples as two-piece chains (small recomputed head, kept tail) instead of ckpt
-    variant: bool = False  # more checkpointing, a smaller split or the tail twin: built for the best alphas only
+    variant: bool = False  # more checkpointing, a smaller split or the tail twin
 
 
 def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates]) -> list[Candidate]:
     """Every candidate of one batch, in the order the search breaks ties by (the plain packing first);
     ``rates(d, k)``: the batch's Eq. 2 terms at a degree."""
-    cost, world = ctx.cost, ctx.world
-    degrees = numbers(ctx, "degrees", int, "8,4,2,1", "integers") or _degrees(batch, ctx)
+    cost, world, k0 = ctx.cost, ctx.world, ctx.ckpt_layers
+    degrees = ctx.numbers("degrees", int, "8,4,2,1", "integers") or _degrees(batch, ctx, rates)
     for d in degrees:
         if d < 1 or world % d:
             raise ValueError(f"--opt degrees: {d} must divide the world size {world} (--dp x --cp)")
-    given = numbers(ctx, "splits", int, "1,2,4", "integers")
+    given = ctx.numbers("splits", int, "1,2,4", "integers")
     splits = given or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
-    alphas = numbers(ctx, "alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light") or list(ALPHAS)
-    longest, k0 = float(batch.lengths.max()), ctx.ckpt_layers
-    out: list[Candidate] = []
+    alphas = ctx.numbers("alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light") or list(ALPHAS)
+    longest, out = float(batch.lengths.max()), []
     for d in degrees:
-        mine: list[Candidate] = []
         work, unit = rates(d, k0).forms
         critical = given or float(unit.max()) > float(work.sum()) / world  # a chain's unit sets the bound
-        ckpts = [k0]
-        k = int(min_ckpt(np.array([-(-longest // d)]), cost)[0])  # the longest sharded whole, no chain
-        if k > k0:
-            ckpts.append(k)
-        for k in ckpts:
+        ours, k_big = [], int(min_ckpt(np.array([-(-longest // d)]), cost)[0])  # the longest sharded whole
+        for k in [k0] + [k_big] * (k_big > k0):
             chains = longest > cost.token_cap(k) * d
-            for split in (splits if cost.cfg.pp > 1 or (chains and critical) else splits[:1]):
-                plain = k == k0 and split == splits[0]
-                mine += [Candidate(d, k, split, a, False, not plain) for a in (alphas if d > 1 else alphas[:1])]
-                twin = k > k0 or (chains and split == splits[0])
-                if twin and (d == 1 or flag(ctx.option("shard_chains", True))):
-                    mine += [Candidate(d, k, split, a, True, True) for a in (alphas if d > 1 else alphas[:1])]
-        out += sorted(mine, key=lambda c: c.variant)  # the plain ones first: they rank the alphas
+            for split in splits if cost.cfg.pp > 1 or (chains and critical) else splits[:1]:
+                twin = (k > k0 or (chains and split == splits[0])) and (d == 1 or ctx.flag("shard_chains", True))
+                for tail in (False, True) if twin else (False,):
+                    ours += [Candidate(d, k, split, a, tail, tail or k > k0 or split != splits[0])
+                             for a in (alphas if d > 1 else alphas[:1])]
+        out += sorted(ours, key=lambda c: c.variant)  # the plain ones first: they rank the alphas
     return out
 
 
-def _degrees(batch: Batch, ctx: PlanContext) -> list[int]:
+def _degrees(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates]) -> list[int]:
     """Divisors of --cp, largest first; with ``--opt widen=1`` also wider groups while the longest sample's share
     and exchange at the previous degree exceed a quarter of the mean rank load."""
-    cp, world, cost = ctx.cp, ctx.world, ctx.cost
-    out = divisors(cp)
-    if not flag(ctx.option("widen", False)):
-        return out
-    s = batch.lengths.astype(np.float64)
-    tau = float(times(s, cost, 1, ctx.ckpt_layers)[0].sum()) / world
-    d = cp
-    while 2 * d <= world and world % (2 * d) == 0:
-        share = float(times(np.array([s.max()]), cost, d, ctx.ckpt_layers)[1][0])
-        if share + ctx.cost.cp_comm_s(float(s.max())) <= tau / 4:
+    out, d, i = divisors(ctx.cp), ctx.cp, int(np.argmax(batch.lengths))
+    tau = float(rates(1, ctx.ckpt_layers).own_a.sum()) / ctx.world if ctx.flag("widen", False) else math.inf
+    while 2 * d <= ctx.world and ctx.world % (2 * d) == 0:
+        if rates(d, ctx.ckpt_layers).share_a[i] + ctx.cost.cp_comm_s(float(batch.lengths[i])) <= tau / 4:
             break
         d *= 2
         out.insert(0, d)
     return out
-
-
-def numbers(ctx: PlanContext, name: str, cast: Callable[[str], Any], example: str, kind: str) -> list:
-    """Comma-separated values of option ``name`` ([] when not given), or one line naming the option and the fix."""
-    text = ctx.option(name, None)
-    if text is None or text == "":
-        return []
-    try:
-        return [cast(x) for x in str(text).split(",")]
-    except ValueError:
-        raise ValueError(f"--opt {name}={text!r}: expected comma-separated {kind}, e.g. {name}={example}") from None
-
-
-def count(ctx: PlanContext, name: str, example: str) -> int | None:
-    """Option ``name`` as a whole number >= 0 (None when not given), or one line naming the option and the fix."""
-    text = ctx.option(name, None)
-    if text is None or text == "":
-        return None
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"--opt {name}={text!r}: expected a whole number >= 0 (0 turns it off), e.g. {name}={example}")
-    return value
 
 
 def _alpha(text: str) -> float:
@@ -137,7 +101,3 @@ def _alpha(text: str) -> float:
 def divisors(n: int) -> list[int]:
     """Divisors of ``n``, largest first."""
     return [d for d in range(n, 0, -1) if n % d == 0]
-
-
-def flag(value: object) -> bool:
-    return str(value).strip().lower() not in ("0", "false", "no", "off")

@@ -13,13 +13,14 @@ layers, :func:`~longpack.sim.simulate.micro_batch_times` reduces to
 Own work hides under the exchange; shares and h add on every rank. :class:`Rates` holds λ, σ and ⌈n/d⌉ of a
 batch's samples at one (d, k); :class:`Mb` is one micro-batch as those sums, so a planner prices adding, removing
 or swapping a sample in O(d) without building it. :func:`pack` packs one replica's samples into the fewest such
-micro-batches. ``tests/test_unified.py`` checks the closed form against the simulator on random micro-batches.
+micro-batches; a :class:`Layout` is a candidate's replicas of them, chains after. ``tests/test_unified.py`` checks
+the closed form against the simulator on random micro-batches.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from functools import cached_property
 
 import numpy as np
@@ -33,42 +34,55 @@ __all__ = ["Rates", "Mb", "pack", "floor", "Layout"]
 
 class Rates:
     """λ (``own``), σ (``share``), ⌈n/d⌉ (``w``) and n of a batch's samples by position, at CP degree d with k
-    checkpointed layers on ``cost`` (the cost model at that degree); ``h``, the exchange ``x``, and ``mem``, the
-    most tokens a rank holds within memory. Lists, for scalar loops; O(n) to build."""
+    checkpointed layers on ``cost`` (the cost model at that degree; lists for scalar loops, ``*_a`` arrays); ``h``,
+    the exchange :meth:`x`, and ``mem``, the most tokens a rank holds within memory. O(n) to build."""
 
     def __init__(self, cost: CostModel, d: int, n: np.ndarray, k: int) -> None:
-        s = n.astype(np.float64)
-        c = float(cost.linear_s(1.0, k, ideal=True))
-        pairs = cost.cfg.causal_factor * s * s
+        s, c = n.astype(np.float64), float(cost.linear_s(1.0, k, ideal=True))
+        pairs, w = cost.cfg.causal_factor * s * s, -(-n // d)
         self.cost, self.d, self.k, self.n = cost, d, k, n.tolist()
         self.own_a = c * s + np.asarray(cost.attn_s(pairs, s, k)) + float(cost.docs_s(1))
-        w = -(-n // d)
         self.share_a = c * w + np.asarray(cost.attn_s(pairs / d, s / (2 * d), k)) + float(cost.docs_s(2))
         self.own, self.share, self.w = self.own_a.tolist(), self.share_a.tolist(), w.tolist()
         self.h = float(cost.linear_s(1.0, k)) - c + cost.fixed_s
-        mem = math.floor(cost.memory_tokens(k))
-        while mem > 0 and cost.memory_bytes(float(mem), k) > cost.hw.memory_bytes:
-            mem -= 1
-        self.mem = mem
-        # the exchange is piecewise linear in tokens between the collective tables' sizes: kept as its values there
-        # and the slope past the last (and 0 below the first, its latency floor); ``slopes``: each segment's
-        kvb = cost.kv_bytes_per_token
-        self.xs = sorted({mb * MB / kvb for rows in cost.hw.collectives.values() for mb, _ in rows})
-        self.ys = [float(cost.cp_comm_s(t, k)) for t in self.xs]
-        end = (float(cost.cp_comm_s(2 * self.xs[-1], k)) - self.ys[-1]) / self.xs[-1]
-        steps = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in
-                 zip(self.xs, self.xs[1:], self.ys, self.ys[1:], strict=False)]
-        self.end, self.slopes = end, [*steps, end]
+        self.mem = math.floor(cost.memory_tokens(k))
+        while self.mem > 0 and cost.memory_bytes(float(self.mem), k) > cost.hw.memory_bytes:
+            self.mem -= 1
+        # the exchange is piecewise linear in tokens between the collective tables' sizes (flat below the first,
+        # its latency floor): its values there and each segment's slope, the last one's going on
+        self.xs = sorted({mb * MB / cost.kv_bytes_per_token for rows in cost.hw.collectives.values() for mb, _ in rows})
+        self.ys = [float(cost.cp_comm_s(t, k)) for t in [*self.xs, 2 * self.xs[-1]]]
+        ends = [*self.xs[1:], 2 * self.xs[-1]]
+        self.slopes = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in
+                       zip(self.xs, ends, self.ys, self.ys[1:], strict=False)]
+
+    def x(self, tokens: float) -> float:
+        """K/V exchange seconds of ``tokens`` sharded tokens in one micro-batch (:meth:`CostModel.cp_comm_s`)."""
+        if tokens <= self.xs[0]:
+            return self.ys[0] if tokens > 0 else 0.0
+        i = bisect_right(self.xs, tokens) - 1
+        return self.ys[i] + (tokens - self.xs[i]) * self.slopes[i]
+
+    def least_slope(self, lo: float, hi: float) -> float:
+        """A lower bound on the exchange's growth a token between ``lo`` and ``hi`` sharded tokens."""
+        return min(self.slopes[bisect_right(self.xs, lo) - 1:bisect_right(self.xs, hi)]) if lo >= self.xs[0] else 0.0
+
+    def time(self, loc: float, sh: float, n: int) -> float:
+        """Eq. 2: a micro-batch's seconds from its largest own load, summed shares and sharded tokens."""
+        return max(self.x(n), loc) + sh + self.h
+
+    @cached_property
+    def alone(self) -> np.ndarray:
+        """Per sample, its share plus the exchange it alone needs: its time sharded (0 exchange at d = 1)."""
+        return self.share_a + self.cost.cp_comm_s(np.asarray(self.n, dtype=np.float64), self.k)
 
     @cached_property
     def forms(self) -> tuple[np.ndarray, np.ndarray]:
         """Per sample, (the least GPU-seconds it costs: whole on a rank, or d shares; its least seconds on the
-        ranks that run it: whole, or its share plus its own exchange). A chain's pieces only exceed its whole."""
-        unit, work = self.own_a, self.own_a
-        if self.d > 1:
-            unit = np.minimum(unit, self.share_a + self.cost.cp_comm_s(np.asarray(self.n, dtype=np.float64), self.k))
-            work = np.minimum(work, self.d * self.share_a)
-        return work, unit
+        ranks that run it: whole, or sharded). A chain's pieces only exceed its whole."""
+        if self.d == 1:
+            return self.own_a, self.own_a
+        return np.minimum(self.own_a, self.d * self.share_a), np.minimum(self.own_a, self.alone)
 
     @cached_property
     def bound(self) -> float:
@@ -76,36 +90,14 @@ class Rates:
         return floor([self])
 
 
-    def x(self, tokens: float) -> float:
-        """K/V exchange seconds of ``tokens`` sharded tokens in one micro-batch (:meth:`CostModel.cp_comm_s`)."""
-        xs, ys = self.xs, self.ys
-        if tokens <= xs[0]:
-            return ys[0] if tokens > 0 else 0.0
-        i = bisect_left(xs, tokens)
-        if i == len(xs):
-            return ys[-1] + (tokens - xs[-1]) * self.end
-        return ys[i - 1] + (tokens - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
-
-    def least_slope(self, lo: float, hi: float) -> float:
-        """A lower bound on the exchange's growth per token between ``lo`` and ``hi`` sharded tokens."""
-        if lo < self.xs[0]:
-            return 0.0
-        return min(self.slopes[bisect_right(self.xs, lo) - 1:bisect_right(self.xs, hi)])
-
-    def time(self, loc: float, sh: float, n: int) -> float:
-        """Eq. 2: a micro-batch's seconds from its largest own load, summed shares and sharded tokens."""
-        return max(self.x(n), loc) + sh + self.h
-
-
 def floor(rates: list[Rates]) -> float:
     """Least step seconds of a layout whose samples each run at one of these Rates' degrees (on the same world):
     every sample in its cheapest form spread over the world, or the longest of its least units, plus h and the
     gradient all-reduce (every rank pays h at least once; the step ends with the all-reduce). O(n · degrees)."""
-    work = np.min([r.forms[0] for r in rates], axis=0)
-    unit = np.min([r.forms[1] for r in rates], axis=0)
+    work, unit = (np.min([r.forms[x] for r in rates], axis=0) for x in (0, 1))
     cost = rates[0].cost
-    return max(float(work.sum()) / (cost.cfg.dp * cost.cfg.cp), float(unit.max())) + rates[0].h + \
-        cost.grad_allreduce_s()
+    spread = float(work.sum()) / (cost.cfg.dp * cost.cfg.cp)
+    return max(spread, float(unit.max())) + rates[0].h + cost.grad_allreduce_s()
 
 
 class Mb:
@@ -125,14 +117,8 @@ class Mb:
         for i, j in self.own:
             self.loc[j] += r.own[i]
             self.tok[j] += r.n[i]
-        self.w = sum(r.w[i] for i in self.shared)
-        self.sh = sum(r.share[i] for i in self.shared)
-        self.n = sum(r.n[i] for i in self.shared)
+        self.w, self.sh, self.n = (sum(v[i] for i in self.shared) for v in (r.w, r.share, r.n))
         self.t = r.time(max(self.loc), self.sh, self.n) if self.shared or self.own else 0.0
-
-    def fits(self, cap: int) -> bool:
-        """Within the token cap and memory on every rank."""
-        return max(self.tok) + self.w <= min(cap, self.r.mem)
 
     def micro_batch(self, samples: list[int]) -> MicroBatch:
         """The plan's micro-batch (``samples``: position -> sample id); sharded pieces first."""
@@ -146,21 +132,17 @@ def pack(r: Rates, shared: list[int], own: list[list[int]], budget: int) -> list
     """One replica's sharded samples (heaviest first) and each rank's own ones into the fewest micro-batches m
     that hold every rank's tokens within ``budget``: sharded samples each to the micro-batch of least summed
     shares with room, then each rank's samples to the one whose Eq. 2 time grows least (own work up to its
-    exchange is free; ties: the lighter rank there, then the first); m + 1 when one fits nowhere.
-    O(samples · m)."""
+    exchange is free; ties: the lighter rank there, then the first); m + 1 when one fits nowhere. m starts at the
+    fewest that can hold them: an own sample too long to sit beside the narrowest share needs a micro-batch the
+    shares left empty (they go one to a micro-batch while one is). O(samples · m)."""
     if not shared and not any(own):
         return []
     sh_w, half = [r.w[i] for i in shared], budget // 2
-    need = max(sum(sh_w) + sum(r.n[i] for i in mine) for mine in own)
-    m = max(1, -(-need // budget), sum(1 for w in sh_w if w > half))
-    if shared:
-        # the shares go one to a micro-batch while one is empty, so an own sample too long to sit beside the
-        # narrowest share needs one of the m - (shares) empty ones: fewer can never hold them all
-        big = [[n for n in (r.n[i] for i in mine) if n > budget - min(sh_w)] for mine in own]
-        if any(big):
-            m = max(m, len(shared) + max(max(-(-sum(b) // budget), sum(1 for n in b if n > half)) for b in big))
-    if m == 1:
-        return [Mb(r, list(shared), [(i, j) for j, mine in enumerate(own) for i in mine])]
+    m = max(1, -(-max(sum(sh_w) + sum(r.n[i] for i in mine) for mine in own) // budget),
+            sum(w > half for w in sh_w))
+    big = [[n for n in (r.n[i] for i in mine) if n > budget - min(sh_w)] for mine in own] if shared else []
+    if any(big):
+        m = max(m, len(shared) + max(max(-(-sum(b) // budget), sum(n > half for n in b)) for b in big))
     while (dealt := _deal(r, shared, own, m, budget)) is None:
         m += 1
     return [Mb(r, sh, mine) for sh, mine in zip(*dealt, strict=True) if sh or mine]
@@ -169,20 +151,14 @@ def pack(r: Rates, shared: list[int], own: list[list[int]], budget: int) -> list
 def _deal(r: Rates, shared: list[int], own: list[list[int]], m: int, budget: int
           ) -> tuple[list[list[int]], list[list[tuple[int, int]]]] | None:
     """Members of m micro-batches per :func:`pack`, or None when a sample fits none."""
-    used, sh, n_sh = [0] * m, [0.0] * m, [0] * m
-    out_sh: list[list[int]] = [[] for _ in range(m)]
-    out_own: list[list[tuple[int, int]]] = [[] for _ in range(m)]
-    bins = range(m)
+    used, sh, n_sh, bins = [0] * m, [0.0] * m, [0] * m, range(m)
+    out_sh: list[list[int]] = [[] for _ in bins]
+    out_own: list[list[tuple[int, int]]] = [[] for _ in bins]
     for i in shared:
-        wi, b, least = r.w[i], -1, math.inf
-        for c in bins:
-            if used[c] + wi <= budget and sh[c] < least:
-                b, least = c, sh[c]
+        b = min((c for c in bins if used[c] + r.w[i] <= budget), key=sh.__getitem__, default=-1)
         if b < 0:
             return None
-        used[b] += wi
-        sh[b] += r.share[i]
-        n_sh[b] += r.n[i]
+        used[b], sh[b], n_sh[b] = used[b] + r.w[i], sh[b] + r.share[i], n_sh[b] + r.n[i]
         out_sh[b].append(i)
     x = [r.x(t) for t in n_sh]
     for j, mine in enumerate(own):
@@ -190,14 +166,12 @@ def _deal(r: Rates, shared: list[int], own: list[list[int]], m: int, budget: int
         for i in mine:
             n, t, b, least = r.n[i], r.own[i], -1, math.inf
             for c in bins:
-                if n <= room[c]:
-                    v = max(x[c], loc[c] + t) + sh[c]
-                    if v < least or (v == least and loc[c] < loc[b]):
-                        b, least = c, v
+                v = max(x[c], loc[c] + t) + sh[c] if n <= room[c] else math.inf
+                if v < least or (v == least < math.inf and loc[c] < loc[b]):
+                    b, least = c, v
             if b < 0:
                 return None
-            room[b] -= n
-            loc[b] += t
+            room[b], loc[b] = room[b] - n, loc[b] + t
             out_own[b].append((i, j))
     return out_sh, out_own
 
@@ -206,8 +180,7 @@ class Layout:
     """One candidate's placement: per replica its micro-batches of whole samples in run order (``reps``), then
     the chain micro-batches that follow them (``chains``), whose seconds (``chain_s``) and memory (``chain_oom``)
     the simulator's own terms gave; ``cost``: the cost model at its degree d; ``floor``: no replica can take less
-    (:attr:`Rates.bound` without the all-reduce). ``sharding``: the samples it shards, as built (the finalists'
-    diversity)."""
+    (:attr:`Rates.bound` without the all-reduce); ``sharding``: the samples it shards, as built."""
 
     def __init__(self, reps: list[list[Mb]], chains: list[list[MicroBatch]], chain_s: list[float], chain_oom: bool,
                  cost: CostModel, cap: int, floor: float, sharding: frozenset[int]) -> None:
@@ -217,12 +190,16 @@ class Layout:
     def replica_s(self, g: int) -> float:
         return sum(mb.t for mb in self.reps[g]) + self.chain_s[g]
 
+    def over(self, g: int) -> bool:
+        """Whether a micro-batch of whole samples of replica g runs over memory."""
+        return any(max(mb.tok) + mb.w > mb.r.mem for mb in self.reps[g])
+
     def score(self) -> tuple[bool, float]:
         """(over memory, simulated step time) with one pipeline stage."""
-        oom = self.chain_oom or any(max(mb.tok) + mb.w > mb.r.mem for rep in self.reps for mb in rep)
+        g = range(len(self.reps))
         work = any(self.reps) or any(self.chains)
-        return oom, max(self.replica_s(g) for g in range(len(self.reps))) + (self.cost.grad_allreduce_s() if work
-                                                                              else 0.0)
+        oom = self.chain_oom or any(self.over(x) for x in g)
+        return oom, max(self.replica_s(x) for x in g) + (self.cost.grad_allreduce_s() if work else 0.0)
 
     def micro_batches(self, samples: list[int]) -> list[list[MicroBatch]]:
         return [[mb.micro_batch(samples) for mb in rep] + chain for rep, chain in zip(self.reps, self.chains,

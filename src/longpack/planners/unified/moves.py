@@ -3,9 +3,10 @@
 With one stage a replica's time is the sum of its micro-batches' and a micro-batch's time does not depend on its
 replica, so :class:`~.layout.Mb`'s sums price every move below exactly, in O(d). A round runs, in order:
 
-* :func:`repack` (per replica): move one sample to another micro-batch of its replica, or trade it for a smaller
-  sample of its kind there, where the two micro-batches then take less time in sum. It pays where the packing
-  left a share whose exchange nothing hides, or a half-empty micro-batch whose samples fit elsewhere.
+* :func:`repack` (per replica, the slowest first): move one sample to another micro-batch of its replica (a
+  sharded one, or an own one to that micro-batch's least-loaded rank with room), where the two then take less
+  time in sum. It pays where the packing left a share whose exchange nothing hides, or a half-empty micro-batch
+  whose samples fit elsewhere.
 * :func:`trade` (between replicas): swap a sample of the slowest replica for a slightly smaller one of its kind in
   another, where the slowest then ends sooner and the other stays below it. It balances finer than whole
   micro-batches and puts the longer of two near-equal samples onto a rank that waits anyway.
@@ -14,10 +15,10 @@ replica, so :class:`~.layout.Mb`'s sums price every move below exactly, in O(d).
 
 Rounds repeat while the slowest replica gets faster (at most ``ROUNDS``) and it is above the layout's ``floor``
 (a lower bound: nothing can beat it). Chains' micro-batches never move or change (they hold memory from their
-first chunk on); a moved micro-batch runs first in its new replica. Guarantees: every move keeps coverage, the cap and
-memory, and lowers the slowest replica or a replica's sum, so the search only improves and ends. :class:`Budget`
-bounds it by a count of priced layouts (``--opt budget=N``): deterministic, unlike wall time. Cost: O(budget ·
-d), plus O(samples · log samples) per trade to index samples by size.
+first chunk on); a moved micro-batch runs first in its new replica. Guarantees: every move keeps coverage, the cap
+and memory, and lowers the slowest replica or a replica's sum, so the search only improves and ends.
+:class:`Budget` bounds it by a count of priced layouts (``--opt budget=N``): deterministic, unlike wall time.
+Cost: O(budget · d), plus O(samples · log samples) per trade call to index samples by size.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from .layout import Layout, Mb
 
-__all__ = ["Budget", "search", "balance", "repack", "trade", "BUDGET"]
+__all__ = ["Budget", "search", "balance", "repack", "trade", "trial", "members", "BUDGET"]
 
 BUDGET = 16  # default layouts the local search prices, per sample of the global batch
 ROUNDS = 3  # most rounds of repacking and trading
@@ -53,18 +54,16 @@ class Budget:
 def search(lay: Layout, budget: Budget, trades: int | None = None) -> None:
     """The rounds of the module docstring on ``lay``, in place; ``trades``: most trades per replica and round
     (default ``TRADES``, 0: none)."""
-    floor = lay.floor * (1 + 1e-12)
-    trades = TRADES if trades is None else trades
     balance(lay)
     slowest = max(lay.replica_s(g) for g in range(len(lay.reps)))
     for _ in range(ROUNDS):
-        if slowest <= floor or budget.left <= 0:
+        if slowest <= lay.floor * (1 + 1e-12) or budget.left <= 0:
             break
-        for g in sorted(range(len(lay.reps)), key=lambda g: -lay.replica_s(g)):  # the slowest first
+        for g in sorted(range(len(lay.reps)), key=lambda g: -lay.replica_s(g)):
             repack(lay.reps[g], lay.cap, budget)
         balance(lay)
-        if trades:
-            trade(lay, budget, trades)
+        if TRADES if trades is None else trades:
+            trade(lay, budget, TRADES if trades is None else trades)
             balance(lay)
         before, slowest = slowest, max(lay.replica_s(g) for g in range(len(lay.reps)))
         if not slowest < before * (1 - 1e-9):
@@ -99,29 +98,32 @@ def balance(lay: Layout) -> None:
         total[g] += float(delta[a, b])
 
 
-def trial(mb: Mb, cap: int, out: tuple[Member, ...] = (), into: tuple[Member, ...] = ()) -> float | None:
-    """``mb``'s seconds with members ``out`` taken out and ``into`` put in, or None over the cap or memory. O(d)."""
-    r = mb.r
-    loc, tok, w, sh, n = list(mb.loc), list(mb.tok), mb.w, mb.sh, mb.n
-    count = len(mb.own) + len(mb.shared) - len(out) + len(into)
-    for sign, members in ((-1, out), (1, into)):
-        for i, j in members:
-            if j < 0:
-                w, sh, n = w + sign * r.w[i], sh + sign * r.share[i], n + sign * r.n[i]
-            else:
-                loc[j] += sign * r.own[i]
-                tok[j] += sign * r.n[i]
+def trial(mb: Mb, cap: int, out: Member | None = None, into: Member | None = None) -> float | None:
+    """``mb``'s seconds with member ``out`` taken out and ``into`` put in, or None over the cap or memory. O(d)."""
+    r, loc, tok, w, sh, n = mb.r, mb.loc, mb.tok, mb.w, mb.sh, mb.n
+    count = len(mb.own) + len(mb.shared)
+    for sign, m in ((-1, out), (1, into)):
+        if m is None:
+            continue
+        i, j = m
+        count += sign
+        if j < 0:
+            w, sh, n = w + sign * r.w[i], sh + sign * r.share[i], n + sign * r.n[i]
+        else:
+            loc, tok = list(loc), list(tok)
+            loc[j] += sign * r.own[i]
+            tok[j] += sign * r.n[i]
     if max(tok) + w > min(cap, r.mem):
         return None
     return r.time(max(loc), sh, n) if count else 0.0
 
 
-def apply(mb: Mb, out: tuple[Member, ...], into: tuple[Member, ...]) -> None:
-    """Take ``out`` out of ``mb`` and put ``into`` in (members keep their order; newcomers last)."""
-    for i, j in out:
-        (mb.shared.remove(i) if j < 0 else mb.own.remove((i, j)))
-    for i, j in into:
-        (mb.shared.append(i) if j < 0 else mb.own.append((i, j)))
+def apply(mb: Mb, out: Member | None, into: Member | None) -> None:
+    """Take ``out`` out of ``mb`` and put ``into`` in (members keep their order; a newcomer goes last)."""
+    if out is not None:
+        (mb.shared.remove(out[0]) if out[1] < 0 else mb.own.remove(out))
+    if into is not None:
+        (mb.shared.append(into[0]) if into[1] < 0 else mb.own.append(into))
     mb.sums()
 
 
@@ -129,24 +131,16 @@ def members(mb: Mb) -> list[Member]:
     return [(i, -1) for i in mb.shared] + list(mb.own)
 
 
-def _least_rank(mb: Mb, n: int, cap: int) -> int:
-    """The rank of ``mb`` with least own work among those with room for n more tokens (-1: none)."""
-    room = min(cap, mb.r.mem) - mb.w
-    ok = [j for j in range(mb.r.d) if mb.tok[j] + n <= room]
-    return min(ok, key=mb.loc.__getitem__, default=-1)
-
-
 def repack(mbs: list[Mb], cap: int, budget: Budget) -> None:
     """One replica's samples between its micro-batches (module docstring), in place: first improvement, while one
     helps; an emptied micro-batch is dropped. O(samples · m) prices a pass, for m micro-batches."""
     improved = True
     while improved and budget.left > 0 and len(mbs) > 1:
-        improved = False
-        a = 0
+        improved, a = False, 0
         while a < len(mbs) and budget.left > 0:
             x = 0
             while x < len(mbs[a].shared) + len(mbs[a].own) and budget.left > 0:
-                if not _repack_one(mbs, a, members(mbs[a])[x], cap, budget):
+                if not _move(mbs, mbs[a], members(mbs[a])[x], cap, budget):
                     x += 1
                     continue
                 improved = True
@@ -157,38 +151,30 @@ def repack(mbs: list[Mb], cap: int, budget: Budget) -> None:
                 a += 1
 
 
-def _repack_one(mbs: list[Mb], a: int, p: Member, cap: int, budget: Budget) -> bool:
-    """Move member p of micro-batch a to the first micro-batch that takes it (alone, or in place of the smallest
-    member of its kind that makes it fit) with less time in sum; whether one did."""
-    src, (i, j), r = mbs[a], p, mbs[a].r
-    rest = trial(src, cap, (p,))
-    # a share whose exchange own work hid frees only its share here, which it costs wherever it goes
-    if rest is None or rest >= src.t or (j < 0 and rest and src.t - rest <= r.share[i] + 1e-12 * src.t):
+def _move(mbs: list[Mb], src: Mb, p: Member, cap: int, budget: Budget) -> bool:
+    """Move member p of ``src`` to the first micro-batch that takes it with less time in sum; whether one did. A
+    share whose exchange own work hid is not tried: it frees only its share, which it costs wherever it goes."""
+    rest = trial(src, cap, p)
+    if rest is None or rest >= src.t or (p[1] < 0 and rest and src.t - rest <= src.r.share[p[0]] + 1e-12 * src.t):
         return False
     if not budget.spend():
         return False
-    width = r.w if j < 0 else r.n
-    for b, dst in enumerate(mbs):
-        if b == a or dst.r is not r:
+    for dst in mbs:
+        rank = -1 if p[1] < 0 else _least_rank(dst, src.r.n[p[0]], cap)
+        if dst is src or dst.r is not src.r or rank < -1 or not budget.spend():
             continue
-        bar = src.t + dst.t - 1e-12
-        limit = min(cap, r.mem) - dst.w
-        kind = [(q, -1) for q in dst.shared] if j < 0 else list(dst.own)
-        swaps = [q for q in kind if width[i] - limit + (max(dst.tok) if j < 0 else dst.tok[q[1]])
-                 <= width[q[0]] < width[i]]
-        smallest = min(swaps, key=lambda q: (width[q[0]], kind.index(q)), default=None)
-        for q in (None, smallest) if smallest is not None else (None,):
-            rank = j if j < 0 else (q[1] if q is not None else _least_rank(dst, r.n[i], cap))
-            if rank < -1 or (j >= 0 and rank < 0) or not budget.spend():
-                continue
-            into, back = ((i, rank),), (() if q is None else ((q[0], j),))
-            t_b = trial(dst, cap, () if q is None else (q,), into)
-            t_a = trial(src, cap, (p,), back) if q is not None else rest
-            if t_a is not None and t_b is not None and t_a + t_b < bar:
-                apply(src, (p,), back)
-                apply(dst, () if q is None else (q,), into)
-                return True
+        grown = trial(dst, cap, None, (p[0], rank))
+        if grown is not None and rest + grown < src.t + dst.t - 1e-12:
+            apply(src, p, None)
+            apply(dst, None, (p[0], rank))
+            return True
     return False
+
+
+def _least_rank(mb: Mb, n: int, cap: int) -> int:
+    """The rank of ``mb`` with least own work among those with room for n more tokens (-2: none)."""
+    room = min(cap, mb.r.mem) - mb.w
+    return min((j for j in range(mb.r.d) if mb.tok[j] + n <= room), key=mb.loc.__getitem__, default=-2)
 
 
 def trade(lay: Layout, budget: Budget, trades: int = TRADES) -> None:
@@ -196,8 +182,8 @@ def trade(lay: Layout, budget: Budget, trades: int = TRADES) -> None:
     samples and the ``NEAREST`` smaller samples of their kind elsewhere; at most ``trades`` trades per replica.
     Samples are indexed by size once; a trade swaps two entries' places, not their sizes."""
     reps = lay.reps
-    total = [lay.replica_s(g) for g in range(len(reps))]
     index: dict[bool, list[list]] = {True: [], False: []}  # by kind (sharded or not): [tokens, replica, mb, member]
+    total = [lay.replica_s(g) for g in range(len(reps))]
     for g, rep in enumerate(reps):
         for mb in rep:
             for q in members(mb):
@@ -213,8 +199,8 @@ def trade(lay: Layout, budget: Budget, trades: int = TRADES) -> None:
             break
         _, src, p, g, dst, q = best
         p2, q2 = (p[0], q[1]), (q[0], p[1])
-        apply(src, (p,), (q2,))
-        apply(dst, (q,), (p2,))
+        apply(src, p, q2)
+        apply(dst, q, p2)
         ep, eq = where.pop((src, p)), where.pop((dst, q))
         ep[1:], eq[1:] = [g, dst, p2], [slow, src, q2]
         where[dst, p2], where[src, q2] = ep, eq
@@ -228,26 +214,24 @@ def _best_trade(lay: Layout, total: list[float], slow: int, index: dict[bool, li
     best = None
     for src in lay.reps[slow]:
         for p in members(src):
-            rest = trial(src, lay.cap, (p,))
+            rest = trial(src, lay.cap, p)
             if rest is None or rest >= src.t or not budget.spend():
                 continue
             floor = total[slow] - src.t + rest  # the sender ends here at least, whatever it gets back
-            kind, n = p[1] < 0, src.r.n[p[0]]
-            stop, seen = bisect_left(sizes[kind], n), 0
+            kind, stop, seen = p[1] < 0, bisect_left(sizes[p[1] < 0], src.r.n[p[0]]), 0
             while stop > 0 and seen < NEAREST:
                 stop -= 1
                 _, g, dst, q = index[kind][stop]
                 if g == slow:
                     continue
-                seen += 1
-                bar = total[slow] * (1 - 1e-9) if best is None else best[0]
+                seen, bar = seen + 1, total[slow] * (1 - 1e-9) if best is None else best[0]
                 if floor >= bar:
                     break
                 if dst.r is not src.r or not budget.spend():
                     continue
-                t_b = trial(dst, lay.cap, (q,), ((p[0], q[1]),))
+                t_b = trial(dst, lay.cap, q, (p[0], q[1]))
                 side = total[g] - dst.t + t_b if t_b is not None else bar
-                t_a = trial(src, lay.cap, (p,), ((q[0], p[1]),)) if side < bar else None
+                t_a = trial(src, lay.cap, p, (q[0], p[1])) if side < bar else None
                 if t_a is not None and max(total[slow] - src.t + t_a, side) < bar:
                     best = (max(total[slow] - src.t + t_a, side), src, p, g, dst, q)
     return best

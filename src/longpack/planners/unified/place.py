@@ -27,7 +27,7 @@ import numpy as np
 
 from ...plan import MicroBatch
 from ..base import Batch, PlanContext
-from .knobs import LIGHT, UNIT, Candidate, flag
+from .knobs import LIGHT, UNIT, Candidate
 from .layout import Layout, Mb, Rates, pack
 from .tail import chain_cost, tail
 
@@ -41,21 +41,14 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
     """The candidate's layout (module docstring); ``rates(d, k)``: the batch's :class:`Rates`, memoised;
     ``memo``: the simulator's chain micro-batch times at this degree."""
     d, k0, kb = c.degree, ctx.ckpt_layers, c.ckpt
-    r = rates(d, k0)
-    cost = r.cost
-    cap = cost.token_cap(k0)
-    budget = cap // c.split
-    if budget < 1:
-        return None
-    limit = batch.split_len or np.iinfo(np.int64).max
+    r, rb, lengths = rates(d, k0), rates(d, kb), batch.lengths
+    cost, cap = r.cost, r.cost.token_cap(k0)
+    budget, limit = cap // c.split, batch.split_len or np.iinfo(np.int64).max
     whole_len = min(budget * d, limit)
     big_len = min(cost.token_cap(kb) * d, limit) if kb > k0 else whole_len
-    lengths = batch.lengths
-    is_big = (lengths > whole_len) & (lengths <= big_len)
-    is_chain = lengths > max(whole_len, big_len)
-    if d > 1 and is_chain.any() and not flag(ctx.option("shard_chains", True)):
+    is_big, is_chain = (lengths > whole_len) & (lengths <= big_len), lengths > max(whole_len, big_len)
+    if budget < 1 or (d > 1 and is_chain.any() and not ctx.flag("shard_chains", True)):
         return None
-    t_loc, t_sh = r.own_a, r.share_a
     fits = (lengths <= budget) & ~is_chain & ~is_big
     sharded, unit = _shard(c, r, fits, is_chain | is_big, ctx.world)
     local = fits & ~sharded
@@ -66,19 +59,17 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
     if key in seen:
         return None
     seen.add(key)
-    built = tail(batch, cost, d, kb, c.split, c.tail, k0, budget, is_big, is_chain, ctx.world // d)
-    if built is None:
+    if (built := tail(batch, r, rb, c.split, c.tail, budget, is_big, is_chain)) is None:
         return None
     bins, chains, start, big_used = built
     load = start.tolist()
-    shared, comm = deal_shared(heaviest_first(t_sh, np.flatnonzero(sharded)), r, load)
+    shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
     if d > 1 and c.alpha == LIGHT:  # also shard what outlasts the unit on top of the lightest replica's shares
-        more = local & (t_loc > unit - min(load))
+        more = local & (r.own_a > unit - min(load))
         if more.any():
             sharded, local, load = sharded | more, local & ~more, start.tolist()
-            shared, comm = deal_shared(heaviest_first(t_sh, np.flatnonzero(sharded)), r, load)
-    own = deal_own(heaviest_first(t_loc, np.flatnonzero(local)), r.own, comm, load, d)
-    rb = rates(d, kb)
+            shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
+    own = deal_own(heaviest_first(r.own_a, np.flatnonzero(local)), r.own, comm, load, d)
     reps = [pack(r, shared[g], own[g], budget) + [Mb(rb, b, []) if d > 1 else Mb(rb, [], [(i, 0) for i in b])
                                                   for b in bins[g]] for g in range(len(own))]
     full = dict(zip(batch.samples.tolist(), lengths.tolist(), strict=True))
@@ -92,8 +83,7 @@ def _shard(c: Candidate, r: Rates, fits: np.ndarray, apart: np.ndarray, world: i
     whole on a rank, where it fits, and its share plus its own exchange)."""
     t_loc, t_sh = r.own_a, r.share_a
     sharded = ~fits & ~apart
-    t_unit = t_sh + r.cost.cp_comm_s(np.asarray(r.n, dtype=np.float64), r.k)
-    unit = float(np.max(np.where(fits, np.minimum(t_loc, t_unit), t_unit)))
+    unit = float(np.max(np.where(fits, np.minimum(t_loc, r.alone), r.alone)))
     if c.degree > 1 and c.alpha in (UNIT, LIGHT):
         sharded |= fits & (t_loc > unit)
     elif c.degree > 1 and math.isfinite(c.alpha) and c.alpha > 0:

@@ -10,7 +10,9 @@
   the last kept and the rest recomputed.
 
 Each big sample or chain goes, heaviest first, to the replica of least estimated load (LPT). Estimates are the
-cost model's per-rank seconds (a recomputed piece's forward runs twice: 4/3 of it). Cost: O(samples + pieces).
+cost model's per-rank seconds (a recomputed piece's forward runs twice: 4/3 of it). :func:`chain_cost` then
+times a replica's chain micro-batches and walks their memory in the simulator's own terms. Cost: O(samples +
+pieces).
 """
 
 from __future__ import annotations
@@ -24,72 +26,57 @@ from ...plan import MicroBatch, Piece
 from ...sim.memory import ReplicaMemory
 from ...sim.simulate import micro_batch_times
 from ..base import Batch
-from ..packers import lpt
+from ..packers import first_fit_dec, lpt
+from .layout import Rates
 
-__all__ = ["times", "tail", "chain_cuts", "pieces", "chain_cost", "Tail"]
+__all__ = ["tail", "chain_cuts", "pieces", "chain_cost", "Tail"]
 
 # per replica: bins of big samples (positions; a micro-batch each at ``kb``), chain micro-batches; estimated
 # seconds per replica; whether any big sample runs at ``kb``
 Tail = tuple[list[list[list[int]]], list[list[MicroBatch]], np.ndarray, bool]
 
 
-def times(s: np.ndarray, cost: CostModel, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(whole on one rank, one rank's share when sharded over d ranks) compute seconds per sample."""
-    pairs = cost.cfg.causal_factor * s * s
-    local = np.asarray(cost.linear_s(s, k, ideal=True)) + np.asarray(cost.attn_s(pairs, s, k))
-    q = s / (2 * d) if d > 1 else s
-    shard = np.asarray(cost.linear_s(s / d, k, ideal=True)) + np.asarray(cost.attn_s(pairs / d, q, k))
-    return local + np.asarray(cost.docs_s(1)), shard + np.asarray(cost.docs_s(2))
-
-
-def tail(batch: Batch, cost: CostModel, d: int, kb: int, split: int, twin: bool, k0: int, budget: int,
-         is_big: np.ndarray, is_chain: np.ndarray, n_rep: int) -> Tail | None:
-    """Big samples' micro-batches, then chains', per replica (LPT on estimates); None when memory cannot hold a
-    chain."""
-    lengths, samples = batch.lengths, batch.samples
-    limit = batch.split_len or np.iinfo(np.int64).max
-    cap, rank = cost.token_cap(k0), None if d > 1 else 0
-    rep_load = np.zeros(n_rep)
-    out: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
+def tail(batch: Batch, r: Rates, rb: Rates, split: int, twin: bool, budget: int, is_big: np.ndarray,
+         is_chain: np.ndarray) -> Tail | None:
+    """Big samples' micro-batches, then chains', per replica (LPT on estimates), at the configured layers
+    (``r``) or the big samples' (``rb``); None when memory cannot hold a chain."""
+    cost, d, k0, n_rep = r.cost, r.d, r.k, r.cost.cfg.dp
+    lengths, samples, limit = batch.lengths, batch.samples, batch.split_len or np.iinfo(np.int64).max
+    cap, rank, load = cost.token_cap(k0), None if d > 1 else 0, np.zeros(n_rep)
     bins: list[list[list[int]]] = [[] for _ in range(n_rep)]
     units: list[list[MicroBatch]] = []  # one list of micro-batches per big sample (twin) or chain
     est: list[float] = []
     big = np.flatnonzero(is_big)
-    if big.size and twin:
-        for i in big.tolist():
-            n = int(lengths[i])
-            head = max(0, n - d * tail_tokens(cost, -(-n // d), k0, cap))
-            cuts = [0, head, n] if head else [0, n]
-            units.append(pieces(int(samples[i]), cuts, rank, k0))
-            est.append(pieces_s(cuts, d, 1, cost, k0) + cost.cp_comm_s(float(n), k0)
-                       + cost.cp_comm_s(float(head), k0, True) - cost.cp_comm_s(float(head), k0))
-    elif big.size:
-        t_big = times(lengths[big].astype(np.float64), cost, d, kb)[1]
-        t_big = t_big + np.array([cost.cp_comm_s(float(n), kb) for n in lengths[big].tolist()])
-        for g, members in enumerate(lpt(t_big, n_rep)):  # nothing hides their exchange
-            bins[g] = big_bins(big[np.asarray(members, dtype=np.int64)], lengths, cost.token_cap(kb), d)
-            rep_load[g] += float(t_big[members].sum()) if members else 0.0
-    first_chain = len(units)
+    if big.size and not twin:  # nothing hides their exchange
+        t_big = (rb.share_a if d > 1 else rb.own_a)[big] + cost.cp_comm_s(lengths[big].astype(np.float64), rb.k)
+        for g, members in enumerate(lpt(t_big, n_rep)):
+            pos = big[np.asarray(members, dtype=np.int64)]
+            bins[g] = [pos[b].tolist() for b in first_fit_dec(-(-lengths[pos] // d), cost.token_cap(rb.k))]
+            load[g] += float(t_big[members].sum()) if members else 0.0
+    for i in big.tolist() if twin else []:
+        n = int(lengths[i])
+        head = max(0, n - d * tail_tokens(cost, -(-n // d), k0, cap))
+        cuts = [0, head, n] if head else [0, n]
+        units.append(pieces(int(samples[i]), cuts, rank, k0))
+        est.append(pieces_s(cuts, d, 1, cost, k0) + cost.cp_comm_s(float(n), k0)
+                   + cost.cp_comm_s(float(head), k0, True) - cost.cp_comm_s(float(head), k0))
+    first_chain, chunk = len(units), min(budget * d, limit)
+    kept = max(split, cap // -(-chunk // d))  # as many kept chunks as the cap holds
     for i in np.flatnonzero(is_chain).tolist():
-        n, sample = int(lengths[i]), int(samples[i])
-        if twin:
-            sized = memory_chain(n, d, cost, k0, budget, limit)
-            if sized is None:
-                return None
-            units.append(pieces(sample, sized, rank, k0))
-            est.append(pieces_s(sized, d, 1, cost, k0))
-        else:
-            chunk = min(budget * d, limit)
-            kept = max(split, cap // -(-chunk // d))  # as many kept chunks as the cap holds
-            cuts, t_chain = chain_cuts(n, chunk, d, kept, cost, k0)
-            units.append(pieces(sample, cuts, rank, k0, kept))
-            est.append(t_chain)
+        n = int(lengths[i])
+        sized = memory_chain(n, d, cost, k0, budget, limit) if twin else None
+        if twin and sized is None:
+            return None
+        cuts, t = (sized, pieces_s(sized, d, 1, cost, k0)) if sized else chain_cuts(n, chunk, d, kept, cost, k0)
+        units.append(pieces(int(samples[i]), cuts, rank, k0, 1 if twin else kept))
+        est.append(t)
+    chains: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
     for lo, hi in ((0, first_chain), (first_chain, len(units))):  # big samples first, then chains
         for g, members in enumerate(lpt(est[lo:hi], n_rep)):
             for m in members:
-                out[g].extend(units[lo + m])
-                rep_load[g] += est[lo + m]
-    return bins, out, rep_load, bool(big.size) and not twin
+                chains[g] += units[lo + m]
+                load[g] += est[lo + m]
+    return bins, chains, load, bool(big.size) and not twin
 
 
 @lru_cache(maxsize=4096)  # pure; candidates of one batch ask for the same chains
@@ -103,23 +90,6 @@ def chain_cuts(n: int, chunk: int, d: int, kept: int, cost: CostModel, k: int) -
     options = [even] + ([[0] + [first + chunk * j for j in range(count)]] if count > 1 and first < chunk else [])
     t, _, cuts = min((pieces_s(cuts, d, kept, cost, k), i, cuts) for i, cuts in enumerate(options))
     return cuts, t
-
-
-def big_bins(pos: np.ndarray, lengths: np.ndarray, cap: int, d: int) -> list[list[int]]:
-    """Samples (positions) sharded whole, first fit decreasing into micro-batches of at most ``cap`` tokens per
-    rank."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in pos[np.lexsort((pos, -lengths[pos]))].tolist():
-        w = -(-int(lengths[i]) // d)
-        b = next((x for x, r in enumerate(room) if w <= r), None)
-        if b is None:
-            bins.append([])
-            room.append(cap)
-            b = len(bins) - 1
-        bins[b].append(i)
-        room[b] -= w
-    return bins
 
 
 def pieces_s(bounds: list[int], d: int, kept: int, cost: CostModel, k: int) -> float:
@@ -160,8 +130,7 @@ def memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: in
     last = min(tail_tokens(cost, -(-n // d), k, budget) * d, limit)
     if last <= 0:
         return None
-    head = max(0, n - last)
-    act, kv, free = _memory_terms(cost, k)
+    head, (act, kv, free) = max(0, n - last), _memory_terms(cost, k)
     bounds, pos = [0], 0
     while pos < head:
         room = min(budget, int((free - kv * pos / d) // act))
