@@ -46,6 +46,8 @@ def fill_replica(mbs: Sequence[MicroBatch], cp: int, cap: int, cost: CostModel, 
     room beside chains' last pieces and the others' (module docstring); ``length(sample)``: the tokens the plan
     covers of it; ``rows``: most samples a micro-batch may hold (0: no limit); ``recomputed``: whether recomputed
     chunks offer their room too."""
+    if not any(p.start > 0 or p.stop < length(p.sample) for mb in mbs for p in mb.pieces):
+        return list(mbs)  # no chain: no room beside one
     room, tails = _rooms(mbs, cp, cap, cost, length, recomputed)
     if not any(any(room[m]) for m in tails):
         return list(mbs)

@@ -12,8 +12,9 @@ Per global batch:
    another sharding) and the best of the next two are balanced by moving whole micro-batches between replicas;
    the fastest is searched further, in rounds of repacking samples within a replica and trading samples between
    replicas, within ``--opt budget`` priced layouts.
-4. **Beside chains** (planners/beside.py): micro-batches emptied into the room beside chains' last pieces, kept
-   where the simulator says it is faster.
+4. **Beside chains** (planners/beside.py): micro-batches emptied into the room beside chains' last pieces (and
+   recomputed chunks where that is faster), which never slows a replica of one stage; with pipeline stages kept
+   where the simulator says the step is faster.
 5. **Groups of several sizes** (planners/groups.py, ``mixed_groups``): a step that shards a sample laid out again
    on CP groups of several sizes, kept where it is at least 3% faster.
 
@@ -47,7 +48,6 @@ from .knobs import Candidate, candidates, divisors
 from .layout import Layout, Rates, floor
 from .moves import BUDGET, Budget, balance, search
 from .place import build
-from .tail import chain_cost
 
 __all__ = ["Unified", "Candidate"]
 
@@ -86,8 +86,10 @@ class Unified(Planner):
         if one_stage and budget.left > 0 and not best[0][0]:
             search(lay, budget, ctx.count("trades", "2"))
         step = assemble_step(lay.micro_batches(batch.samples.tolist()), cp=lay.d, token_cap=lay.cap)
-        if self._budget(ctx, 1) and any(lay.chains):
-            step = self._fill(step, lay, ctx, lengths)
+        if self._budget(ctx, 1) and any(lay.chains):  # never slower with one stage (beside.py); else simulated
+            filled = fill_step(step, lay.cost, lengths.__getitem__)
+            if one_stage or self._simulated(filled, lengths, lay, ctx) < self._simulated(step, lengths, lay, ctx):
+                step = filled
         if ctx.flag("mixed_groups", True) and one_stage and any(mb.shared for rep in lay.reps for mb in rep) \
                 and not any(lay.chains):
             # sizes of --opt degrees, else divisors of --cp unless widened; searched only where the closed form's
@@ -154,28 +156,3 @@ class Unified(Planner):
     def _simulated(self, step: Step, lengths: dict[int, int], lay: Layout, ctx: PlanContext) -> tuple[bool, float]:
         rep = simulate_step(0, step, Plan(self.name, ctx.world, lengths, steps=(step,)), lay.cost, bound=False)
         return rep.oom, rep.time_s
-
-    def _fill(self, step: Step, lay: Layout, ctx: PlanContext, lengths: dict[int, int]) -> Step:
-        """The step with micro-batches emptied beside chains' last pieces, or beside those and recomputed chunks:
-        the fastest of the three in the simulator (ties: the fewer micro-batches). With one stage only the
-        replicas holding chains change, and only they are walked in the simulator's terms."""
-        filled = [f for f in (fill_step(step, lay.cost, lengths.__getitem__, recomputed=r) for r in (False, True))
-                  if f.replicas != step.replicas]
-        if len(filled) == 2 and filled[0].replicas == filled[1].replicas:
-            filled = filled[1:]
-        chained = [g for g, chain in enumerate(lay.chains) if chain]
-        rest = [g for g, chain in enumerate(lay.chains) if not chain]
-        rest_s, rest_oom = max((lay.replica_s(g) for g in rest), default=0.0), any(lay.over(g) for g in rest)
-        memo: dict[MicroBatch, tuple] = {}
-
-        def score(st: Step) -> tuple[bool, float]:
-            if ctx.cost.cfg.pp > 1:
-                return self._simulated(st, lengths, lay, ctx)
-            secs, oom = chain_cost([list(st.replicas[g].micro_batches) for g in chained], lay.d, lay.cost, lengths,
-                                   memo)
-            return oom or rest_oom, max(max(secs), rest_s) + lay.cost.grad_allreduce_s()
-
-        best = (score(step), 0, step) if filled else ((False, 0.0), 0, step)
-        for n, f in enumerate(filled, start=1):
-            best = min(best, (score(f), -n, f), key=lambda t: t[:2])
-        return best[2]

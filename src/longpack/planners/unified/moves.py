@@ -74,28 +74,29 @@ def balance(lay: Layout) -> None:
     """Whole micro-batches between replicas: each move takes the pair (given, taken back or nothing) whose larger
     new time is least; a moved one goes first in its new replica. Each move lowers the slowest replica and the sum
     of squared times; at most ``SWAPS`` per micro-batch. O(m · M) per move (m: the slowest replica's
-    micro-batches, M: all)."""
+    micro-batches, M: all), in numpy."""
     reps = lay.reps
     total = np.array([lay.replica_s(g) for g in range(len(reps))])
+    sec = [np.array([mb.t for mb in rep] + [0.0]) for rep in reps]  # each replica's micro-batches, then nothing
     for _ in range(SWAPS * sum(len(r) for r in reps)):
-        slow = int(np.argmax(total))
-        back = [(g, x) for g in range(len(reps)) if g != slow for x in [*range(len(reps[g])), -1]]  # -1: nothing
-        if not reps[slow] or not back:
+        slow, lens = int(np.argmax(total)), [len(x) for x in sec]
+        owner = np.repeat(np.arange(len(reps)), lens)
+        slot = np.arange(owner.size) - np.repeat(np.cumsum(lens) - lens, lens)
+        back, other = np.concatenate(sec), owner != slow
+        back, owner, slot = back[other], owner[other], slot[other]
+        delta, dest = sec[slow][:-1, None] - back[None, :], total[owner]
+        after = np.where((delta > 0) & (delta < total[slow] - dest), np.maximum(total[slow] - delta, dest + delta),
+                         np.inf)
+        if not after.size or not after.min() < total[slow] * (1 - 1e-9):
             break
-        delta = np.array([mb.t for mb in reps[slow]])[:, None] - np.array(
-            [reps[g][x].t if x >= 0 else 0.0 for g, x in back])[None, :]
-        dest = total[np.array([g for g, _ in back])]
-        after = np.where((delta > 0) & (delta < (total[slow] - dest)[None, :]),
-                         np.maximum(total[slow] - delta, dest[None, :] + delta), np.inf)
         a, b = np.unravel_index(int(np.argmin(after)), after.shape)
-        if not after[a, b] < total[slow] * (1 - 1e-9):
-            break
-        (g, x), given = back[b], reps[slow].pop(int(a))
-        if x >= 0:
+        g, x, given = int(owner[b]), int(slot[b]), reps[slow].pop(int(a))
+        if x < len(reps[g]):
             reps[slow].insert(0, reps[g].pop(x))
         reps[g].insert(0, given)
-        total[slow] -= float(delta[a, b])
-        total[g] += float(delta[a, b])
+        total[slow], total[g] = total[slow] - delta[a, b], total[g] + delta[a, b]
+        for h in (slow, g):
+            sec[h] = np.array([mb.t for mb in reps[h]] + [0.0])
 
 
 def trial(mb: Mb, cap: int, out: Member | None = None, into: Member | None = None) -> float | None:
