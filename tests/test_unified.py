@@ -122,9 +122,10 @@ def test_compare_reports_gap_to_bound_and_to_the_exact_optimum():
 
 
 def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
-    """7B at DP16 x CP2: a 30K sample needs 15K tokens per rank, more than the ~12K cap. Checkpointing every layer it
-    needs (its micro-batch) recomputes ~40% of that micro-batch's forward; a two-piece chain whose head (what the
-    ranks cannot hold, plus room for the head's K/V) is recomputed costs less, and the planner takes it."""
+    """7B at DP16 x CP2: a 30K sample needs 15K tokens per rank, more than the ~12K cap, so it runs as a chain.
+    Two chunks a group can hold keep the last one's activations beside the head's K/V store, over memory; the
+    memory-sized twin keeps a slightly shorter tail and recomputes only the small head before it, fits, and the
+    planner takes it."""
     from longpack.planners.base import Batch
     from longpack.planners.unified import Candidate, Unified
     from longpack.planners.unified.layout import Rates
@@ -136,15 +137,14 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     assert cap < 15_000
     ctx = PlanContext(cost=cost)
     batch = Batch(0, np.arange(x.size), x, cap * 2, None)
-    kb = next(k for k in range(cost.layers + 1) if cost.token_cap(k) >= 15_000)
     u = Unified()
 
     def rates(d, k):
         return Rates(cost, d, x, k)
 
-    ckpt = build(batch, ctx, rates, Candidate(2, kb, 1, float("inf")), set(), {}).score()
-    tail = build(batch, ctx, rates, Candidate(2, kb, 1, float("inf"), True), set(), {}).score()
-    assert not tail[0] and tail[1] < ckpt[1]
+    even = build(batch, ctx, rates, Candidate(2, 1, float("inf")), set(), {}).score()
+    tail = build(batch, ctx, rates, Candidate(2, 1, float("inf"), True), set(), {}).score()
+    assert not tail[0] and (even[0] or tail[1] < even[1])
     plan = u.plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
     plan.validate()
     pieces = [(mb.recompute, mb.ckpt_layers, p) for _, rep in enumerate(plan.steps[0].replicas)

@@ -4,18 +4,19 @@ A :class:`Candidate` is one setting of four knobs, each one paper's lever made a
 
 * ``degree`` d: the CP group size (HBP's per-group SP degree), over the divisors of ``--cp``; with ``--opt
   widen=1`` also 2·cp, 4·cp, ... while the longest sample's share and exchange exceed a quarter of a rank's load.
-* ``ckpt`` k: the configured checkpointed layers, or the fewest that let the longest sample sit sharded whole
-  (HBP's checkpointing where it pays; only the micro-batches holding such samples pay it). ``tail``: its twin,
-  which runs those samples instead as chains whose head, what a rank cannot hold, is recomputed.
-* ``split`` K: a micro-batch holds at most cap(k) // K tokens a rank; longer samples become ChunkFlow chains whose
+* ``tail``: samples longer than a group holds run as ChunkFlow chains of equal chunks whose first N − K are
+  recomputed, or (the twin) memory-sized, recomputing only what memory cannot keep (planners/unified/tail.py).
+  Checkpointing more layers for such samples (HBP's lever) is no knob here: the twin serves the same samples
+  with the least recompute memory allows.
+* ``split`` K: a micro-batch holds at most cap // K tokens a rank; longer samples become ChunkFlow chains whose
   last K chunks keep their activations. Tried with pipeline stages (1, 2, 4, 8: smaller micro-batches shorten
   the bubbles); with one stage (1, 2, 4) only where a chain's unit sets the step's bound (the chain is the
   critical path, and more kept chunks recompute less of it), elsewhere K = 1 unless ``--opt splits`` asks.
 * ``alpha`` α: a sample that fits a rank is still sharded when its whole-rank time exceeds α·τ (τ: the mean rank
   load), at the step's longest unit (``unit``), or that less the lightest replica's shared work (``light``).
 
-A degree's candidates come plain (configured k, K = 1, no twin) first, one per α; the others are ``variant`` s,
-which the planner builds only for the α its plain ones rank best. Cost: O(|degrees| · 2 · |splits| · |alphas|)
+A degree's candidates come plain (K = 1, no twin) first, one per α; the others are ``variant`` s, which the
+planner builds only for the α its plain ones rank best. Cost: O(|degrees| · 2 · |splits| · |alphas|)
 candidates, O(n) a degree to list (its :class:`~.layout.Rates`).
 """
 
@@ -27,7 +28,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...sim.bounds import min_ckpt
 from ..base import Batch, PlanContext
 from .layout import Rates
 
@@ -40,11 +40,10 @@ ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT, LIGHT)
 
 class Candidate(NamedTuple):
     degree: int
-    ckpt: int
     split: int
     alpha: float
-    tail: bool = False  # big samples as two-piece chains (small recomputed head, kept tail) instead of ckpt
-    variant: bool = False  # more checkpointing, a smaller split or the tail twin
+    tail: bool = False  # chains memory-sized instead of in equal chunks
+    variant: bool = False  # a smaller split or the tail twin
 
 
 def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates]) -> list[Candidate]:
@@ -58,18 +57,16 @@ def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates
     given = ctx.numbers("splits", int, "1,2,4", "integers")
     splits = given or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
     alphas = ctx.numbers("alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light") or list(ALPHAS)
-    longest, out = float(batch.lengths.max()), []
+    longest, limit, out = int(batch.lengths.max()), batch.split_len or np.iinfo(np.int64).max, []
     for d in degrees:
         work, unit = rates(d, k0).forms
         critical = given or float(unit.max()) > float(work.sum()) / world  # a chain's unit sets the bound
-        ours, k_big = [], int(min_ckpt(np.array([-(-longest // d)]), cost)[0])  # the longest sharded whole
-        for k in [k0] + [k_big] * (k_big > k0):
-            chains = longest > cost.token_cap(k) * d
-            for split in splits if cost.cfg.pp > 1 or (chains and critical) else splits[:1]:
-                twin = (k > k0 or (chains and split == splits[0])) and (d == 1 or ctx.flag("shard_chains", True))
-                for tail in (False, True) if twin else (False,):
-                    ours += [Candidate(d, k, split, a, tail, tail or k > k0 or split != splits[0])
-                             for a in (alphas if d > 1 else alphas[:1])]
+        chains, ours = longest > min(cost.token_cap(k0) * d, limit), []
+        for split in splits if cost.cfg.pp > 1 or (chains and critical) else splits[:1]:
+            twin = chains and split == splits[0] and (d == 1 or ctx.flag("shard_chains", True))
+            for tail in (False, True) if twin else (False,):
+                ours += [Candidate(d, split, a, tail, tail or split != splits[0]) for a in (alphas if d > 1 else
+                                                                                            alphas[:1])]
         out += sorted(ours, key=lambda c: c.variant)  # the plain ones first: they rank the alphas
     return out
 

@@ -1,15 +1,15 @@
 """One greedy placement of a global batch for one :class:`~.knobs.Candidate` (loads are cost-model seconds, so
 both Σ s and Σ s² balance).
 
-1. Classify: samples longer than a group holds become chains, those that fit only with more checkpointing big
-   (planners/unified/tail.py); of the rest, those longer than a rank's budget B are sharded (for memory, as in
-   Skrull's DACP), and those the candidate's threshold α says are heavy are sharded too (for compute, which DACP
-   never does); everything else stays whole on one rank.
-2. Big samples and chains to replicas (LPT), then sharded samples to the replica whose load grows least,
-   counting how much each lengthens that replica's K/V exchange.
+1. Classify: samples longer than a group holds become chains (planners/unified/tail.py); of the rest, those
+   longer than a rank's budget B are sharded (for memory, as in Skrull's DACP), and those the candidate's
+   threshold α says are heavy are sharded too (for compute, which DACP never does); everything else stays whole
+   on one rank.
+2. Chains to replicas (LPT), then sharded samples to the replica whose load grows least, counting how much each
+   lengthens that replica's K/V exchange.
 3. Whole samples, heaviest first, to the replica whose Eq. 2 time max(exchange, own work) + shared work is least
    after adding it to that replica's least-loaded rank (own work under the exchange is free).
-4. Each replica packed into micro-batches (:func:`~.layout.pack`), big samples in theirs, chains after.
+4. Each replica packed into micro-batches (:func:`~.layout.pack`), chains after.
 
 Returns the :class:`~.layout.Layout`, or None when the candidate is infeasible or places exactly as one already
 seen. Guarantees: every sample placed once, each within its rank's budget or split into a chain. Cost:
@@ -28,7 +28,7 @@ import numpy as np
 from ...plan import MicroBatch
 from ..base import Batch, PlanContext
 from .knobs import LIGHT, UNIT, Candidate
-from .layout import Layout, Mb, Rates, pack
+from .layout import Layout, Rates, pack
 from .tail import chain_cost, tail
 
 __all__ = ["build", "deal_shared", "deal_own"]
@@ -40,28 +40,25 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
           memo: dict[MicroBatch, tuple[np.ndarray, ...]]) -> Layout | None:
     """The candidate's layout (module docstring); ``rates(d, k)``: the batch's :class:`Rates`, memoised;
     ``memo``: the simulator's chain micro-batch times at this degree."""
-    d, k0, kb = c.degree, ctx.ckpt_layers, c.ckpt
-    r, rb, lengths = rates(d, k0), rates(d, kb), batch.lengths
-    cost, cap = r.cost, r.cost.token_cap(k0)
-    budget, limit = cap // c.split, batch.split_len or np.iinfo(np.int64).max
-    whole_len = min(budget * d, limit)
-    big_len = min(cost.token_cap(kb) * d, limit) if kb > k0 else whole_len
-    is_big, is_chain = (lengths > whole_len) & (lengths <= big_len), lengths > max(whole_len, big_len)
+    d, r, lengths = c.degree, rates(c.degree, ctx.ckpt_layers), batch.lengths
+    cost, cap = r.cost, r.cost.token_cap(r.k)
+    budget = cap // c.split
+    whole_len = min(budget * d, batch.split_len or np.iinfo(np.int64).max)
+    is_chain = lengths > whole_len
     if budget < 1 or (d > 1 and is_chain.any() and not ctx.flag("shard_chains", True)):
         return None
-    fits = (lengths <= budget) & ~is_chain & ~is_big
-    sharded, unit = _shard(c, r, fits, is_chain | is_big, ctx.world)
+    fits = (lengths <= budget) & ~is_chain
+    sharded, unit = _shard(c, r, fits, is_chain, ctx.world)
     local = fits & ~sharded
     if d == 1:
         local, sharded = local | sharded, np.zeros_like(sharded)
-    key = (d, kb if is_big.any() else k0, c.tail and bool(is_big.any() or is_chain.any()), budget,
-           tuple(np.flatnonzero(sharded).tolist()), whole_len, c.alpha == LIGHT)
+    key = (d, c.tail and bool(is_chain.any()), budget, tuple(np.flatnonzero(sharded).tolist()), c.alpha == LIGHT)
     if key in seen:
         return None
     seen.add(key)
-    if (built := tail(batch, r, rb, c.split, c.tail, budget, is_big, is_chain)) is None:
+    if (built := tail(batch, r, c.split, c.tail, budget, is_chain)) is None:
         return None
-    bins, chains, start, big_used = built
+    chains, start = built
     load = start.tolist()
     shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
     if d > 1 and c.alpha == LIGHT:  # also shard what outlasts the unit on top of the lightest replica's shares
@@ -70,12 +67,10 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
             sharded, local, load = sharded | more, local & ~more, start.tolist()
             shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
     own = deal_own(heaviest_first(r.own_a, np.flatnonzero(local)), r.own, comm, load, d)
-    reps = [pack(r, shared[g], own[g], budget) + [Mb(rb, b, []) if d > 1 else Mb(rb, [], [(i, 0) for i in b])
-                                                  for b in bins[g]] for g in range(len(own))]
     full = dict(zip(batch.samples.tolist(), lengths.tolist(), strict=True))
     chain_s, chain_oom = chain_cost(chains, d, cost, full, memo)
-    return Layout(reps, chains, chain_s, chain_oom, cost, cost.token_cap(kb) if big_used else cap,
-                  r.bound - cost.grad_allreduce_s(), frozenset(np.flatnonzero(sharded).tolist()))
+    return Layout([pack(r, shared[g], own[g], budget) for g in range(len(own))], chains, chain_s, chain_oom, cost,
+                  cap, r.bound - cost.grad_allreduce_s(), frozenset(np.flatnonzero(sharded).tolist()))
 
 
 def _shard(c: Candidate, r: Rates, fits: np.ndarray, apart: np.ndarray, world: int) -> tuple[np.ndarray, float]:

@@ -1,15 +1,12 @@
-"""What follows a replica's packed micro-batches: samples too long for them, as big micro-batches or chains.
+"""What follows a replica's packed micro-batches: samples longer than a CP group holds, as ChunkFlow chains.
 
-* **Big samples** fit a CP group only with more checkpointed layers k: they run sharded whole, first fit
-  decreasing into micro-batches of their own that alone pay k's recompute. Their ``tail`` twin runs each as a
-  two-piece chain at the configured layers instead: the head, what a rank cannot keep beside the tail's K/V
-  store, is recomputed (the least recompute memory allows).
-* **Chains**: samples longer than a group holds become ChunkFlow chains, either of the fewest chunks of at most
-  B·d tokens (even, or full after one short first piece, whichever is estimated faster) whose first N − K are
-  recomputed, or (``tail``) memory-sized: each piece as long as memory allows beside the K/V of what precedes it,
-  the last kept and the rest recomputed.
+A chain is either of the fewest chunks of at most B·d tokens (even, or full after one short first piece,
+whichever is estimated faster) whose first N − K are recomputed, or (the candidate's ``tail`` twin) memory-sized:
+its last piece as long as a rank can keep beside the K/V store of what precedes it, the head before it cut as long
+as memory allows beside the K/V of what precedes each piece, all but the last recomputed — the least recompute
+memory allows (a sample just over what a group holds runs as a two-piece chain whose head alone is recomputed).
 
-Each big sample or chain goes, heaviest first, to the replica of least estimated load (LPT). Estimates are the
+Each chain goes, heaviest first, to the replica of least estimated load (LPT). Estimates are the
 cost model's per-rank seconds (a recomputed piece's forward runs twice: 4/3 of it). :func:`chain_cost` then
 times a replica's chain micro-batches and walks their memory in the simulator's own terms. Cost: O(samples +
 pieces).
@@ -26,57 +23,36 @@ from ...plan import MicroBatch, Piece
 from ...sim.memory import ReplicaMemory
 from ...sim.simulate import micro_batch_times
 from ..base import Batch
-from ..packers import first_fit_dec, lpt
+from ..packers import lpt
 from .layout import Rates
 
-__all__ = ["tail", "chain_cuts", "pieces", "chain_cost", "Tail"]
+__all__ = ["tail", "chain_cuts", "pieces", "chain_cost"]
 
-# per replica: bins of big samples (positions; a micro-batch each at ``kb``), chain micro-batches; estimated
-# seconds per replica; whether any big sample runs at ``kb``
-Tail = tuple[list[list[list[int]]], list[list[MicroBatch]], np.ndarray, bool]
-
-
-def tail(batch: Batch, r: Rates, rb: Rates, split: int, twin: bool, budget: int, is_big: np.ndarray,
-         is_chain: np.ndarray) -> Tail | None:
-    """Big samples' micro-batches, then chains', per replica (LPT on estimates), at the configured layers
-    (``r``) or the big samples' (``rb``); None when memory cannot hold a chain."""
+def tail(batch: Batch, r: Rates, split: int, twin: bool, budget: int, is_chain: np.ndarray
+         ) -> tuple[list[list[MicroBatch]], np.ndarray] | None:
+    """Chains' micro-batches per replica (LPT on estimates) and their estimated seconds per replica, at Rates r's
+    degree and checkpointing; None when memory cannot hold a chain."""
     cost, d, k0, n_rep = r.cost, r.d, r.k, r.cost.cfg.dp
-    lengths, samples, limit = batch.lengths, batch.samples, batch.split_len or np.iinfo(np.int64).max
-    cap, rank, load = cost.token_cap(k0), None if d > 1 else 0, np.zeros(n_rep)
-    bins: list[list[list[int]]] = [[] for _ in range(n_rep)]
-    units: list[list[MicroBatch]] = []  # one list of micro-batches per big sample (twin) or chain
-    est: list[float] = []
-    big = np.flatnonzero(is_big)
-    if big.size and not twin:  # nothing hides their exchange
-        t_big = (rb.share_a if d > 1 else rb.own_a)[big] + cost.cp_comm_s(lengths[big].astype(np.float64), rb.k)
-        for g, members in enumerate(lpt(t_big, n_rep)):
-            pos = big[np.asarray(members, dtype=np.int64)]
-            bins[g] = [pos[b].tolist() for b in first_fit_dec(-(-lengths[pos] // d), cost.token_cap(rb.k))]
-            load[g] += float(t_big[members].sum()) if members else 0.0
-    for i in big.tolist() if twin else []:
-        n = int(lengths[i])
-        head = max(0, n - d * tail_tokens(cost, -(-n // d), k0, cap))
-        cuts = [0, head, n] if head else [0, n]
-        units.append(pieces(int(samples[i]), cuts, rank, k0))
-        est.append(pieces_s(cuts, d, 1, cost, k0) + cost.cp_comm_s(float(n), k0)
-                   + cost.cp_comm_s(float(head), k0, True) - cost.cp_comm_s(float(head), k0))
-    first_chain, chunk = len(units), min(budget * d, limit)
+    limit, cap, rank = batch.split_len or np.iinfo(np.int64).max, cost.token_cap(r.k), None if d > 1 else 0
+    chunk = min(budget * d, limit)
     kept = max(split, cap // -(-chunk // d))  # as many kept chunks as the cap holds
+    units: list[list[MicroBatch]] = []  # one list of micro-batches a chain
+    est: list[float] = []
     for i in np.flatnonzero(is_chain).tolist():
-        n = int(lengths[i])
+        n = int(batch.lengths[i])
         sized = memory_chain(n, d, cost, k0, budget, limit) if twin else None
         if twin and sized is None:
             return None
         cuts, t = (sized, pieces_s(sized, d, 1, cost, k0)) if sized else chain_cuts(n, chunk, d, kept, cost, k0)
-        units.append(pieces(int(samples[i]), cuts, rank, k0, 1 if twin else kept))
+        units.append(pieces(int(batch.samples[i]), cuts, rank, k0, 1 if twin else kept))
         est.append(t)
     chains: list[list[MicroBatch]] = [[] for _ in range(n_rep)]
-    for lo, hi in ((0, first_chain), (first_chain, len(units))):  # big samples first, then chains
-        for g, members in enumerate(lpt(est[lo:hi], n_rep)):
-            for m in members:
-                chains[g] += units[lo + m]
-                load[g] += est[lo + m]
-    return bins, chains, load, bool(big.size) and not twin
+    load = np.zeros(n_rep)
+    for g, members in enumerate(lpt(est, n_rep)):
+        for m in members:
+            chains[g] += units[m]
+            load[g] += est[m]
+    return chains, load
 
 
 @lru_cache(maxsize=4096)  # pure; candidates of one batch ask for the same chains
