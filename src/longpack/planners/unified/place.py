@@ -33,7 +33,7 @@ from .tail import chain_cost, tail
 
 __all__ = ["build", "deal_shared", "deal_own"]
 
-FEW = 8  # below this many replicas the whole-sample deal scans them all (faster than its heaps)
+FEW = 32  # below this many replicas the whole-sample deal scans them in Python, faster than numpy there
 
 
 def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c: Candidate, seen: set[tuple],
@@ -130,64 +130,31 @@ def deal_shared(order: list[int], r: Rates, load: list[float]) -> tuple[list[lis
 
 def deal_own(items: list[int], own: list[float], comm: list[float], base: list[float], d: int
              ) -> list[list[list[int]]]:
-    """Whole samples (heaviest first) to the ranks of len(comm) replicas of d ranks (step 3; ties within 1e-12:
-    the replica whose least-loaded rank is emptiest, then the first).
-
-    A replica's time after taking a sample of t seconds is max(A, B + t), A = exchange + shared work, B = least
-    rank's load + shared work: A where the sample hides under the exchange (t <= A - B), else B + t. From ``FEW``
-    replicas on they sit in two heaps, hidden ones by A and exposed ones by B, and an exposed one turns hidden
-    once t falls to its gap A - B (samples come heaviest first; a replica's B only grows when it takes one): each
-    sample reads the two heads. O(items · (log replicas + log d))."""
+    """Whole samples (heaviest first) to the ranks of len(comm) replicas of d ranks (step 3: the replica whose
+    max(exchange, least rank's load + the sample) + shared work is least, its least-loaded rank; ties within
+    1e-12: the replica whose least-loaded rank is emptiest, then the first). O(items · (replicas + log d)), in
+    numpy from ``FEW`` replicas on."""
     n_rep = len(comm)
     out: list[list[list[int]]] = [[[] for _ in range(d)] for _ in range(n_rep)]
     ranks = [[(0.0, j) for j in range(d)] for _ in range(n_rep)]  # per replica, a heap of (own load, rank)
-    least, ver = [0.0] * n_rep, [0] * n_rep  # heap entries of an older version are stale
-    hidden: list[tuple[float, int, int]] = []  # (A, replica, version)
-    exposed: list[tuple[float, int, int]] = []  # (B, replica, version)
-    gaps: list[tuple[float, int, int]] = []  # (B - A, replica, version) of the exposed
-
-    def file(r: int, t: float) -> None:
-        ver[r] += 1
-        a, b = comm[r] + base[r], least[r] + base[r]
-        if b + t <= a:
-            heapq.heappush(hidden, (a, r, ver[r]))
-        else:
-            heapq.heappush(exposed, (b, r, ver[r]))
-            heapq.heappush(gaps, (b - a, r, ver[r]))
-
-    near = list(range(n_rep))  # the replicas priced for a sample: all of them below FEW
-    if n_rep >= FEW:
-        for r in near:
-            file(r, own[items[0]] if items else 0.0)
+    least, reps = [0.0] * n_rep, range(n_rep)
+    comm_a, base_a, least_a = np.asarray(comm), np.asarray(base), np.zeros(n_rep)
     for i in items:
         t = own[i]
-        if n_rep >= FEW:
-            while gaps and -gaps[0][0] >= t:  # hidden under the exchange from now on
-                _, r, v = heapq.heappop(gaps)
-                if v == ver[r]:
-                    file(r, t)
-            for heap in (hidden, exposed):
-                while heap and heap[0][2] != ver[heap[0][1]]:
-                    heapq.heappop(heap)
-            top = min(hidden[0][0] if hidden else math.inf, exposed[0][0] + t if exposed else math.inf)
-            near = []  # a little wider than the tie band: the exact times decide below
-            for heap, add in ((hidden, 0.0), (exposed, t)):
-                while heap and heap[0][0] + add <= top * (1 + 2e-12):
-                    _, r, v = heapq.heappop(heap)
-                    if v == ver[r]:
-                        near.append(r)
-        after = [max(comm[r], least[r] + t) + base[r] for r in near]
-        tie, g = min(after) * (1 + 1e-12), -1
-        for r, x in zip(near, after, strict=True):
-            if x <= tie and (g < 0 or (least[r], r) < (least[g], g)):
-                g = r
+        if n_rep < FEW:
+            after = [max(c, x + t) + b for c, x, b in zip(comm, least, base, strict=True)]
+            tie, g = min(after) * (1 + 1e-12), -1
+            for r in reps:
+                if after[r] <= tie and (g < 0 or least[r] < least[g]):
+                    g = r
+        else:
+            after_a = np.maximum(comm_a, least_a + t) + base_a
+            tied = np.flatnonzero(after_a <= after_a.min() * (1 + 1e-12))
+            g = int(tied[np.argmin(least_a[tied])])
         load, j = ranks[g][0]
         out[g][j].append(i)
         heapq.heapreplace(ranks[g], (load + t, j))
-        least[g] = ranks[g][0][0]
-        if n_rep >= FEW:
-            for r in near:
-                file(r, t)
+        least[g] = least_a[g] = ranks[g][0][0]
     return out
 
 
