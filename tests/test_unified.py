@@ -296,7 +296,7 @@ def _layout(cost, d, lengths, reps, cap=None):
 
     r = Rates(cost, d, np.array(lengths), 0)
     chains = [list(ch) for _, ch in reps]
-    chain_s, oom = chain_cost(chains, d, cost, dict(enumerate(lengths)), {})
+    chain_s, oom = chain_cost(chains, cost, dict(enumerate(lengths)), {})
     return Layout([[Mb(r, list(sh), list(own)) for sh, own in free] for free, _ in reps], chains, chain_s, oom, cost,
                   cap or cost.token_cap(0), 0.0, frozenset())
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import cache
 
 from ...plan import MicroBatch, Plan, Step
 from ...sim.simulate import _with_cp, simulate_step
@@ -64,14 +65,11 @@ class Unified(Planner):
 
     def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
         lengths = dict(zip(batch.samples.tolist(), batch.lengths.tolist(), strict=True))
-        cache: dict[tuple[int, int], Rates] = {}
 
+        @cache
         def rates(d: int, k: int) -> Rates:
-            """The batch's Eq. 2 terms at CP degree d with k checkpointed layers (memoised for this call)."""
-            if (d, k) not in cache:
-                cache[d, k] = Rates(_with_cp(ctx.cost, d, ctx.world // d) if d != ctx.cp else ctx.cost, d,
-                                    batch.lengths, k)
-            return cache[d, k]
+            """The batch's Eq. 2 terms at CP degree d with k checkpointed layers (for this call)."""
+            return Rates(_with_cp(ctx.cost, d, ctx.world // d) if d != ctx.cp else ctx.cost, d, batch.lengths, k)
 
         budget, one_stage = Budget(self._budget(ctx, batch.samples.size)), ctx.cost.cfg.pp == 1
         best: tuple[Key, Layout] | None = None

@@ -62,7 +62,7 @@ def search(lay: Layout, budget: Budget, trades: int | None = None) -> None:
         for g in sorted(range(len(lay.reps)), key=lambda g: -lay.replica_s(g)):
             repack(lay.reps[g], lay.cap, budget)
         balance(lay)
-        if TRADES if trades is None else trades:
+        if trades != 0:
             trade(lay, budget, TRADES if trades is None else trades)
             balance(lay)
         before, slowest = slowest, max(lay.replica_s(g) for g in range(len(lay.reps)))
@@ -181,35 +181,31 @@ def _least_rank(mb: Mb, n: int, cap: int) -> int:
 def trade(lay: Layout, budget: Budget, trades: int = TRADES) -> None:
     """Samples between replicas (module docstring), in place: per trade, the best over the slowest replica's
     samples and the ``NEAREST`` smaller samples of their kind elsewhere; at most ``trades`` trades per replica.
-    Samples are indexed by size once; a trade swaps two entries' places, not their sizes."""
-    reps = lay.reps
-    index: dict[bool, list[list]] = {True: [], False: []}  # by kind (sharded or not): [tokens, replica, mb, member]
-    total = [lay.replica_s(g) for g in range(len(reps))]
+    Samples are indexed by size once, each with where it sits now."""
+    reps, total = lay.reps, [lay.replica_s(g) for g in range(len(lay.reps))]
+    index: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # by kind (sharded or not): (tokens, sample)
+    where: dict[int, tuple[int, Mb, Member]] = {}  # sample -> (replica, micro-batch, member)
     for g, rep in enumerate(reps):
         for mb in rep:
             for q in members(mb):
-                index[q[1] < 0].append([mb.r.n[q[0]], g, mb, q])
+                index[q[1] < 0].append((mb.r.n[q[0]], q[0]))
+                where[q[0]] = (g, mb, q)
     for entries in index.values():
-        entries.sort(key=lambda e: e[0])
-    sizes = {kind: [e[0] for e in entries] for kind, entries in index.items()}
-    where = {(e[2], e[3]): e for entries in index.values() for e in entries}
+        entries.sort()
     for _ in range(trades * len(reps)):
         slow = max(range(len(reps)), key=total.__getitem__)
-        best = _best_trade(lay, total, slow, index, sizes, budget)
+        best = _best_trade(lay, total, slow, index, where, budget)
         if best is None:
             break
         _, src, p, g, dst, q = best
-        p2, q2 = (p[0], q[1]), (q[0], p[1])
-        apply(src, p, q2)
-        apply(dst, q, p2)
-        ep, eq = where.pop((src, p)), where.pop((dst, q))
-        ep[1:], eq[1:] = [g, dst, p2], [slow, src, q2]
-        where[dst, p2], where[src, q2] = ep, eq
+        apply(src, p, (q[0], p[1]))
+        apply(dst, q, (p[0], q[1]))
+        where[p[0]], where[q[0]] = (g, dst, (p[0], q[1])), (slow, src, (q[0], p[1]))
         total[slow], total[g] = lay.replica_s(slow), lay.replica_s(g)
 
 
-def _best_trade(lay: Layout, total: list[float], slow: int, index: dict[bool, list[list]],
-                sizes: dict[bool, list[int]], budget: Budget) -> tuple | None:
+def _best_trade(lay: Layout, total: list[float], slow: int, index: dict[bool, list[tuple[int, int]]],
+                where: dict[int, tuple[int, Mb, Member]], budget: Budget) -> tuple | None:
     """The best trade of a sample of replica ``slow``: (slowest after, its micro-batch, member, other replica, its
     micro-batch, member there), or None."""
     best = None
@@ -219,10 +215,11 @@ def _best_trade(lay: Layout, total: list[float], slow: int, index: dict[bool, li
             if rest is None or rest >= src.t or not budget.spend():
                 continue
             floor = total[slow] - src.t + rest  # the sender ends here at least, whatever it gets back
-            kind, stop, seen = p[1] < 0, bisect_left(sizes[p[1] < 0], src.r.n[p[0]]), 0
+            kind, seen = p[1] < 0, 0
+            stop = bisect_left(index[kind], (src.r.n[p[0]], -1))
             while stop > 0 and seen < NEAREST:
                 stop -= 1
-                _, g, dst, q = index[kind][stop]
+                g, dst, q = where[index[kind][stop][1]]
                 if g == slow:
                     continue
                 seen, bar = seen + 1, total[slow] * (1 - 1e-9) if best is None else best[0]

@@ -19,10 +19,9 @@ from functools import lru_cache
 import numpy as np
 
 from ...cost import CostModel
-from ...plan import MicroBatch, Piece
-from ...sim.memory import ReplicaMemory
-from ...sim.simulate import micro_batch_times
-from ..base import Batch
+from ...plan import MicroBatch, Piece, Plan
+from ...sim.simulate import micro_batch_times, simulate_step
+from ..base import Batch, assemble_step
 from ..packers import lpt
 from .layout import Rates
 
@@ -123,18 +122,14 @@ def pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int, kept: int 
             for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
 
 
-def chain_cost(chains: list[list[MicroBatch]], d: int, cost: CostModel, full: dict[int, int],
+def chain_cost(chains: list[list[MicroBatch]], cost: CostModel, full: dict[int, int],
                memo: dict[MicroBatch, tuple[np.ndarray, ...]]) -> tuple[list[float], bool]:
-    """Per replica, the simulator's seconds of its chain micro-batches, and whether any runs over memory (the
-    walk of sim/memory.py; the whole samples before them hold nothing). ``memo``: micro-batch times at d."""
-    secs, oom = [], False
-    for mbs in chains:
-        total, walk = 0.0, ReplicaMemory(cost, d, full.__getitem__)
-        for mb in mbs:
-            t = memo.get(mb)
-            if t is None:
-                t = memo[mb] = micro_batch_times(mb, d, cost)
-            total += float(t[0].max()) if mb.pieces else 0.0
-            oom = oom or bool(np.any(walk.peak(mb, t[4], t[5]) > cost.hw.memory_bytes))
-        secs.append(total)
-    return secs, oom
+    """Per replica, the simulator's seconds of its chain micro-batches, and whether any runs over memory (its
+    memory walk; the whole samples before them hold nothing). ``memo``: micro-batch times at the cost's degree."""
+    def times(mb: MicroBatch) -> tuple[np.ndarray, ...]:
+        return memo[mb] if mb in memo else memo.setdefault(mb, micro_batch_times(mb, cost.cfg.cp, cost))
+
+    step = assemble_step(chains, cp=cost.cfg.cp, token_cap=cost.token_cap())
+    rep = simulate_step(0, step, Plan("unified", cost.cfg.dp * cost.cfg.cp, full, (step,)), cost, bound=False,
+                        times=times)
+    return list(rep.replica_s), rep.oom
