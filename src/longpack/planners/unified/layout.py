@@ -190,16 +190,11 @@ class Layout:
     def replica_s(self, g: int) -> float:
         return sum(mb.t for mb in self.reps[g]) + self.chain_s[g]
 
-    def over(self, g: int) -> bool:
-        """Whether a micro-batch of whole samples of replica g runs over memory."""
-        return any(max(mb.tok) + mb.w > mb.r.mem for mb in self.reps[g])
-
     def score(self) -> tuple[bool, float]:
         """(over memory, simulated step time) with one pipeline stage."""
-        g = range(len(self.reps))
-        work = any(self.reps) or any(self.chains)
-        oom = self.chain_oom or any(self.over(x) for x in g)
-        return oom, max(self.replica_s(x) for x in g) + (self.cost.grad_allreduce_s() if work else 0.0)
+        oom = self.chain_oom or any(max(mb.tok) + mb.w > mb.r.mem for rep in self.reps for mb in rep)
+        slowest = max(self.replica_s(g) for g in range(len(self.reps)))
+        return oom, slowest + (self.cost.grad_allreduce_s() if any(self.reps) or any(self.chains) else 0.0)
 
     def micro_batches(self, samples: list[int]) -> list[list[MicroBatch]]:
         return [[mb.micro_batch(samples) for mb in rep] + chain for rep, chain in zip(self.reps, self.chains,

@@ -129,7 +129,12 @@ def chain_cost(chains: list[list[MicroBatch]], cost: CostModel, full: dict[int, 
     def times(mb: MicroBatch) -> tuple[np.ndarray, ...]:
         return memo[mb] if mb in memo else memo.setdefault(mb, micro_batch_times(mb, cost.cfg.cp, cost))
 
-    step = assemble_step(chains, cp=cost.cfg.cp, token_cap=cost.token_cap())
-    rep = simulate_step(0, step, Plan("unified", cost.cfg.dp * cost.cfg.cp, full, (step,)), cost, bound=False,
+    secs, held = [0.0] * len(chains), [g for g, mbs in enumerate(chains) if mbs]
+    if not held:
+        return secs, False
+    step = assemble_step([chains[g] for g in held], cp=cost.cfg.cp, token_cap=cost.token_cap())
+    rep = simulate_step(0, step, Plan("unified", cost.cfg.cp * len(held), full, (step,)), cost, bound=False,
                         times=times)
-    return list(rep.replica_s), rep.oom
+    for g, t in zip(held, rep.replica_s, strict=True):
+        secs[g] = t
+    return secs, rep.oom
