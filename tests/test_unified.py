@@ -298,13 +298,11 @@ def _layout(cost, d, lengths, reps, cap=None):
     chains = [list(ch) for _, ch in reps]
     chain_s, oom = chain_cost(chains, cost, dict(enumerate(lengths)), {})
     return Layout([[Mb(r, list(sh), list(own)) for sh, own in free] for free, _ in reps], chains, chain_s, oom, cost,
-                  cap or cost.token_cap(0), 0.0, frozenset())
+                  cap or cost.token_cap(0), 0.0, frozenset(), list(range(len(lengths))), dict(enumerate(lengths)))
 
 
 def _step(lay):
-    from longpack.planners.base import assemble_step
-
-    return assemble_step(lay.micro_batches(list(range(100))), cp=lay.d, token_cap=lay.cap)
+    return lay.step()
 
 
 @pytest.mark.parametrize("model", ["qwen2.5-0.5b", "qwen2.5-7b"])

@@ -24,6 +24,10 @@ than the step given. Cost: per split, O(sharded samples × groups · d) + O(own 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import lru_cache
+from itertools import combinations_with_replacement
+
 import numpy as np
 
 from ..cost import CostModel
@@ -41,29 +45,20 @@ NARROW = 8  # the narrow groups of a tail hold at most this many ranks (one node
 MIN_GAIN = 0.03  # a step moves to groups of several sizes only when that is at least this much faster
 
 
-def partitions(world: int, sizes: list[int], parts: int = PARTS) -> list[tuple[int, ...]]:
+def partitions(world: int, sizes: list[int], parts: int = PARTS) -> set[tuple[int, ...]]:
     """Every way to write ``world`` as a sum of at most ``parts`` of ``sizes``, each listed in descending order."""
-    out: list[tuple[int, ...]] = []
-
-    def grow(left: int, largest: int, acc: tuple[int, ...]) -> None:
-        if left == 0:
-            out.append(acc)
-        elif len(acc) < parts:
-            for s in sizes:
-                if s <= min(left, largest):
-                    grow(left - s, s, acc + (s,))
-
-    grow(world, world, ())
-    return out
+    return {c[::-1] for n in range(1, parts + 1) for c in combinations_with_replacement(sorted(sizes), n)
+            if sum(c) == world}
 
 
-def shapes(world: int, allowed: list[int] | None = None) -> list[tuple[int, ...]]:
+@lru_cache(maxsize=64)
+def shapes(world: int, allowed: tuple[int, ...] | None = None) -> list[tuple[int, ...]]:
     """The group sizes :func:`regroup` tries: every split into at most ``PARTS`` groups whose sizes divide the
     world (and are in ``allowed`` when given), and every split into one or two wide groups (at least world /
     ``WIDE``) plus groups of one size up to ``NARROW`` for the rest (many small groups: samples that fit a node
     exchange over NVLink). Only splits into more than one size, each once, largest first."""
     sizes = _sizes(world, allowed)
-    out = set(partitions(world, sizes))
+    out = partitions(world, sizes)
     wide = [d for d in sizes if d * WIDE >= world and d < world]
     for head in [(a,) for a in wide] + [(a, b) for a in wide for b in wide if b <= a and a + b < world]:
         left = world - sum(head)
@@ -71,7 +66,7 @@ def shapes(world: int, allowed: list[int] | None = None) -> list[tuple[int, ...]
     return sorted((s for s in out if len(set(s)) > 1), reverse=True)
 
 
-def _sizes(world: int, allowed: list[int] | None) -> list[int]:
+def _sizes(world: int, allowed: Sequence[int] | None) -> list[int]:
     """The group sizes a split may use, largest first: the divisors of the world (in ``allowed`` when given)."""
     return [d for d in range(world, 0, -1) if world % d == 0 and (allowed is None or d in allowed)]
 
@@ -162,7 +157,7 @@ def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str =
     if mixed_step_bound(samples, cost, _sizes(world, sizes), split=False) >= worth:
         return step  # no layout on several sizes can be MIN_GAIN faster: skip the search (most lmsys steps)
     best, best_s, s = None, worth - cost.grad_allreduce_s(), _Step(step, lengths, cost)
-    for degrees in shapes(world, sizes):
+    for degrees in shapes(world, tuple(sizes) if sizes else None):
         mbs = _lay(s, degrees, step.token_cap)
         if mbs is not None and max(mb.t for mb in mbs) < best_s and all(max(mb.tok) + mb.w <= mb.r.mem for mb in mbs):
             best, best_s = (mbs, degrees), max(mb.t for mb in mbs)

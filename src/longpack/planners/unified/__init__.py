@@ -40,9 +40,9 @@ import math
 from collections.abc import Callable
 from functools import cache
 
-from ...plan import MicroBatch, Plan, Step
-from ...sim.simulate import _with_cp, simulate_step
-from ..base import Batch, PlanContext, Planner, assemble_step, register
+from ...plan import MicroBatch, Step
+from ...sim.simulate import _with_cp
+from ..base import Batch, PlanContext, Planner, register
 from ..beside import fill_step
 from ..groups import MIN_GAIN, regroup
 from .knobs import Candidate, candidates, divisors
@@ -83,10 +83,10 @@ class Unified(Planner):
         lay = best[1]
         if one_stage and budget.left > 0 and not best[0][0]:
             search(lay, budget, ctx.count("trades", "2"))
-        step = assemble_step(lay.micro_batches(batch.samples.tolist()), cp=lay.d, token_cap=lay.cap)
+        step = lay.step()
         if self._budget(ctx, 1) and any(lay.chains):  # never slower with one stage (beside.py); else simulated
             filled = fill_step(step, lay.cost, lengths.__getitem__)
-            if one_stage or self._simulated(filled, lengths, lay, ctx) < self._simulated(step, lengths, lay, ctx):
+            if one_stage or lay.simulated(filled) < lay.simulated(step):
                 step = filled
         if ctx.flag("mixed_groups", True) and one_stage and any(mb.shared for rep in lay.reps for mb in rep) \
                 and not any(lay.chains):
@@ -117,7 +117,7 @@ class Unified(Planner):
             if lay is None:  # infeasible, or the same placement as an earlier candidate
                 continue
             kept = per_degree.setdefault(c.degree, [])
-            kept.append(((*self._score(lay, ctx, batch, lengths), len(seen)), lay))
+            kept.append(((*lay.score(), len(seen)), lay))
             if not c.variant:
                 alphas.setdefault(c.degree, []).append((kept[-1][0], c.alpha))
             if not kept[-1][0][0]:
@@ -142,15 +142,3 @@ class Unified(Planner):
             return 0
         given = ctx.count("budget", "4000")
         return BUDGET * samples if given is None else given
-
-    def _score(self, lay: Layout, ctx: PlanContext, batch: Batch, lengths: dict[int, int]) -> tuple[bool, float]:
-        """(over memory, simulated step time) of a layout: Eq. 2's closed form with one pipeline stage, else the
-        simulator's pipeline schedule of its step."""
-        if ctx.cost.cfg.pp == 1:
-            return lay.score()
-        return self._simulated(assemble_step(lay.micro_batches(batch.samples.tolist()), cp=lay.d,
-                                             token_cap=lay.cap), lengths, lay, ctx)
-
-    def _simulated(self, step: Step, lengths: dict[int, int], lay: Layout, ctx: PlanContext) -> tuple[bool, float]:
-        rep = simulate_step(0, step, Plan(self.name, ctx.world, lengths, steps=(step,)), lay.cost, bound=False)
-        return rep.oom, rep.time_s

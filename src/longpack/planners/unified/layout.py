@@ -27,7 +27,9 @@ import numpy as np
 
 from ...cost import CostModel
 from ...hardware import MB
-from ...plan import MicroBatch, Piece
+from ...plan import MicroBatch, Piece, Plan, Step
+from ...sim.simulate import simulate_step
+from ..base import assemble_step
 
 __all__ = ["Rates", "Mb", "pack", "floor", "Layout"]
 
@@ -180,22 +182,34 @@ class Layout:
     """One candidate's placement: per replica its micro-batches of whole samples in run order (``reps``), then
     the chain micro-batches that follow them (``chains``), whose seconds (``chain_s``) and memory (``chain_oom``)
     the simulator's own terms gave; ``cost``: the cost model at its degree d; ``floor``: no replica can take less
-    (:attr:`Rates.bound` without the all-reduce); ``sharding``: the samples it shards, as built."""
+    (:attr:`Rates.bound` without the all-reduce); ``sharding``: the samples it shards, as built; ``samples``: the
+    batch's sample ids by position, ``full``: their lengths."""
 
     def __init__(self, reps: list[list[Mb]], chains: list[list[MicroBatch]], chain_s: list[float], chain_oom: bool,
-                 cost: CostModel, cap: int, floor: float, sharding: frozenset[int]) -> None:
+                 cost: CostModel, cap: int, floor: float, sharding: frozenset[int], samples: list[int],
+                 full: dict[int, int]) -> None:
         self.reps, self.chains, self.chain_s, self.chain_oom = reps, chains, chain_s, chain_oom
         self.cost, self.d, self.cap, self.floor, self.sharding = cost, cost.cfg.cp, cap, floor, sharding
+        self.samples, self.full = samples, full
 
     def replica_s(self, g: int) -> float:
         return sum(mb.t for mb in self.reps[g]) + self.chain_s[g]
 
     def score(self) -> tuple[bool, float]:
-        """(over memory, simulated step time) with one pipeline stage."""
+        """(over memory, simulated step time): the closed form with one pipeline stage, else the simulator's
+        pipeline schedule of its step."""
+        if self.cost.cfg.pp > 1:
+            return self.simulated(self.step())
         oom = self.chain_oom or any(max(mb.tok) + mb.w > mb.r.mem for rep in self.reps for mb in rep)
         slowest = max(self.replica_s(g) for g in range(len(self.reps)))
         return oom, slowest + (self.cost.grad_allreduce_s() if any(self.reps) or any(self.chains) else 0.0)
 
-    def micro_batches(self, samples: list[int]) -> list[list[MicroBatch]]:
-        return [[mb.micro_batch(samples) for mb in rep] + chain for rep, chain in zip(self.reps, self.chains,
-                                                                                       strict=True)]
+    def simulated(self, step: Step) -> tuple[bool, float]:
+        """(over memory, time) of ``step``, laid out at this degree, in the simulator."""
+        plan = Plan("unified", self.d * len(self.reps), self.full, (step,))
+        rep = simulate_step(0, step, plan, self.cost, bound=False)
+        return rep.oom, rep.time_s
+
+    def step(self) -> Step:
+        return assemble_step([[mb.micro_batch(self.samples) for mb in rep] + chain for rep, chain in
+                              zip(self.reps, self.chains, strict=True)], cp=self.d, token_cap=self.cap)

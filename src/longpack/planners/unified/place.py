@@ -67,10 +67,11 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
             sharded, local, load = sharded | more, local & ~more, start.tolist()
             shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
     own = deal_own(heaviest_first(r.own_a, np.flatnonzero(local)), r.own, comm, load, d)
-    full = dict(zip(batch.samples.tolist(), lengths.tolist(), strict=True))
-    chain_s, chain_oom = chain_cost(chains, cost, full, memo)
-    return Layout([pack(r, shared[g], own[g], budget) for g in range(len(own))], chains, chain_s, chain_oom, cost,
-                  cap, r.bound - cost.grad_allreduce_s(), frozenset(np.flatnonzero(sharded).tolist()))
+    samples = batch.samples.tolist()
+    full = dict(zip(samples, lengths.tolist(), strict=True))
+    return Layout([pack(r, shared[g], own[g], budget) for g in range(len(own))], chains,
+                  *chain_cost(chains, cost, full, memo), cost, cap, r.bound - cost.grad_allreduce_s(),
+                  frozenset(np.flatnonzero(sharded).tolist()), samples, full)
 
 
 def _shard(c: Candidate, r: Rates, fits: np.ndarray, apart: np.ndarray, world: int) -> tuple[np.ndarray, float]:
