@@ -13,7 +13,7 @@ A :class:`Candidate` is one setting of four knobs, each one paper's lever made a
   the bubbles); with one stage (1, 2, 4) only where a chain's unit sets the step's bound (the chain is the
   critical path, and more kept chunks recompute less of it), elsewhere K = 1 unless ``--opt splits`` asks.
 * ``alpha`` α: a sample that fits a rank is still sharded when its whole-rank time exceeds α·τ (τ: the mean rank
-  load), at the step's longest unit (``unit``), or that less the lightest replica's shared work (``light``).
+  load), or the step's longest unit (``unit``).
 
 A degree's candidates come plain (K = 1, no twin) first, one per α; the others are ``variant`` s, which the
 planner builds only for the α its plain ones rank best. Cost: O(|degrees| · 2 · |splits| · |alphas|)
@@ -31,11 +31,10 @@ import numpy as np
 from ..base import Batch, PlanContext
 from .layout import Rates
 
-__all__ = ["Candidate", "candidates", "UNIT", "LIGHT", "divisors"]
+__all__ = ["Candidate", "candidates", "UNIT", "divisors"]
 
 UNIT = -1.0  # the sharding threshold at the step's longest unit, not a multiple of τ
-LIGHT = -2.0  # the same, less the lightest replica's shared work
-ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT, LIGHT)
+ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT)
 
 
 class Candidate(NamedTuple):
@@ -56,7 +55,7 @@ def candidates(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates
             raise ValueError(f"--opt degrees: {d} must divide the world size {world} (--dp x --cp)")
     given = ctx.numbers("splits", int, "1,2,4", "integers")
     splits = given or ([1, 2, 4, 8] if cost.cfg.pp > 1 else [1, 2, 4])
-    alphas = ctx.numbers("alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf, unit or light") or list(ALPHAS)
+    alphas = ctx.numbers("alphas", _alpha, "inf,1,0.5,unit", "positive numbers, inf or unit") or list(ALPHAS)
     longest, limit, out = int(batch.lengths.max()), batch.split_len or np.iinfo(np.int64).max, []
     for d in degrees:
         work, unit = rates(d, k0).forms
@@ -85,12 +84,10 @@ def _degrees(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates])
 
 
 def _alpha(text: str) -> float:
-    """A threshold of ``--opt alphas``: a float (a multiple of τ, ``inf`` for none), ``unit`` or ``light``."""
-    word = text.strip().lower()
-    if word in ("unit", "light"):
-        return UNIT if word == "unit" else LIGHT
-    value = float(text)
-    if not value > 0:
+    """A threshold of ``--opt alphas``: a float (a multiple of τ, ``inf`` for none) or ``unit``."""
+    if text.strip().lower() == "unit":
+        return UNIT
+    if not (value := float(text)) > 0:
         raise ValueError(text)
     return value
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ...plan import MicroBatch
 from ..base import Batch, PlanContext
-from .knobs import LIGHT, UNIT, Candidate
+from .knobs import UNIT, Candidate
 from .layout import Layout, Rates, pack
 from .tail import chain_cost, tail
 
@@ -48,11 +48,11 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
     if budget < 1 or (d > 1 and is_chain.any() and not ctx.flag("shard_chains", True)):
         return None
     fits = (lengths <= budget) & ~is_chain
-    sharded, unit = _shard(c, r, fits, is_chain, ctx.world)
+    sharded = _shard(c, r, fits, is_chain, ctx.world)
     local = fits & ~sharded
     if d == 1:
         local, sharded = local | sharded, np.zeros_like(sharded)
-    key = (d, c.tail and bool(is_chain.any()), budget, tuple(np.flatnonzero(sharded).tolist()), c.alpha == LIGHT)
+    key = (d, c.tail and bool(is_chain.any()), budget, tuple(np.flatnonzero(sharded).tolist()))
     if key in seen:
         return None
     seen.add(key)
@@ -61,11 +61,6 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
     chains, start = built
     load = start.tolist()
     shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
-    if d > 1 and c.alpha == LIGHT:  # also shard what outlasts the unit on top of the lightest replica's shares
-        more = local & (r.own_a > unit - min(load))
-        if more.any():
-            sharded, local, load = sharded | more, local & ~more, start.tolist()
-            shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
     own = deal_own(heaviest_first(r.own_a, np.flatnonzero(local)), r.own, comm, load, d)
     samples = batch.samples.tolist()
     full = dict(zip(samples, lengths.tolist(), strict=True))
@@ -74,18 +69,16 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
                   frozenset(np.flatnonzero(sharded).tolist()), samples, full)
 
 
-def _shard(c: Candidate, r: Rates, fits: np.ndarray, apart: np.ndarray, world: int) -> tuple[np.ndarray, float]:
-    """Which samples to shard (step 1), and the step's longest unit (the largest over samples of the shorter of
-    whole on a rank, where it fits, and its share plus its own exchange)."""
-    t_loc, t_sh = r.own_a, r.share_a
-    sharded = ~fits & ~apart
-    unit = float(np.max(np.where(fits, np.minimum(t_loc, r.alone), r.alone)))
-    if c.degree > 1 and c.alpha in (UNIT, LIGHT):
-        sharded |= fits & (t_loc > unit)
-    elif c.degree > 1 and math.isfinite(c.alpha) and c.alpha > 0:
-        tau = float(t_loc[fits].sum() + t_sh[~fits].sum() * c.degree) / world
-        sharded |= fits & (t_loc > c.alpha * tau)
-    return sharded, unit
+def _shard(c: Candidate, r: Rates, fits: np.ndarray, apart: np.ndarray, world: int) -> np.ndarray:
+    """Which samples to shard (step 1): those that fit no rank, and at threshold α those that fit but whose whole-rank
+    time exceeds α·τ, or (``unit``) the step's longest unit, the largest over samples of the shorter of whole on a
+    rank, where it fits, and its share plus its own exchange."""
+    sharded, t_loc = ~fits & ~apart, r.own_a
+    if c.degree > 1 and c.alpha == UNIT:
+        sharded |= fits & (t_loc > float(np.max(np.where(fits, np.minimum(t_loc, r.alone), r.alone))))
+    elif c.degree > 1 and math.isfinite(c.alpha):
+        sharded |= fits & (t_loc > c.alpha * float(t_loc[fits].sum() + r.share_a[~fits].sum() * c.degree) / world)
+    return sharded
 
 
 def deal_shared(order: list[int], r: Rates, load: list[float]) -> tuple[list[list[int]], list[float]]:
