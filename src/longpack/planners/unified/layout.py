@@ -57,6 +57,7 @@ class Rates:
         ends = [*self.xs[1:], 2 * self.xs[-1]]
         self.slopes = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in
                        zip(self.xs, ends, self.ys, self.ys[1:], strict=False)]
+        self._tables = np.array(self.xs), np.array(self.ys[:-1]), np.array(self.slopes)
 
     def x(self, tokens: float) -> float:
         """K/V exchange seconds of ``tokens`` sharded tokens in one micro-batch (:meth:`CostModel.cp_comm_s`)."""
@@ -65,9 +66,11 @@ class Rates:
         i = bisect_right(self.xs, tokens) - 1
         return self.ys[i] + (tokens - self.xs[i]) * self.slopes[i]
 
-    def least_slope(self, lo: float, hi: float) -> float:
-        """A lower bound on the exchange's growth a token between ``lo`` and ``hi`` sharded tokens."""
-        return min(self.slopes[bisect_right(self.xs, lo) - 1:bisect_right(self.xs, hi)]) if lo >= self.xs[0] else 0.0
+    def x_a(self, tokens: np.ndarray) -> np.ndarray:
+        """:meth:`x` of an array of token counts, all > 0 (the same arithmetic, in numpy)."""
+        xs, ys, slopes = self._tables
+        i = np.maximum(np.searchsorted(xs, tokens, side="right") - 1, 0)
+        return np.where(tokens <= xs[0], ys[0], ys[i] + (tokens - xs[i]) * slopes[i])
 
     def time(self, loc: float, sh: float, n: int) -> float:
         """Eq. 2: a micro-batch's seconds from its largest own load, summed shares and sharded tokens."""

@@ -84,42 +84,18 @@ def _shard(c: Candidate, r: Rates, fits: np.ndarray, apart: np.ndarray, world: i
 def deal_shared(order: list[int], r: Rates, load: list[float]) -> tuple[list[list[int]], list[float]]:
     """Sharded samples (heaviest first) each to the replica whose load grows least, its share plus how much it
     lengthens the replica's K/V exchange (ties: the first); ``load`` ends as each replica's shared compute.
-    Replicas holding shares are priced in order of load and only while theirs could still win (the exchange grows
-    at least at its least slope over the tokens they hold); of those holding none, only the lightest (its growth
-    is the same as theirs).
-    Returns (samples per replica, exchange seconds per replica)."""
-    n_rep = len(load)
-    shared: list[list[int]] = [[] for _ in range(n_rep)]
-    tokens, comm = [0] * n_rep, [0.0] * n_rep
-    empty = [(x, g) for g, x in enumerate(load)]  # heaps of (load, replica): holding no share yet, and the rest
-    busy: list[tuple[float, int]] = []
-    heapq.heapify(empty)
-    lo = hi = 0  # busy replicas hold lo..hi tokens (lo refreshed now and then: tokens only grow)
-    for n, i in enumerate(order):
-        s, t = r.n[i], r.share[i]
-        if busy and n % n_rep == 0:
-            lo = min(tokens[g] for _, g in busy)
-        slope = r.least_slope(lo, hi + s) if busy else 0.0  # the exchange grows at least this fast a token
-        best, priced = ((empty[0][0] + t + r.x(s), empty[0][1], r.x(s)) if empty else (math.inf, -1, 0.0)), []
-        while busy and busy[0][0] + t + s * slope <= best[0]:
-            x, g = heapq.heappop(busy)
-            priced.append(g)
-            grown = r.x(tokens[g] + s)
-            best = min(best, (x + t + grown - comm[g], g, grown))
-        _, g, grown = best
-        if not tokens[g]:
-            heapq.heappop(empty)
-            priced.append(g)
+    Returns (samples per replica, exchange seconds per replica). O(n · replicas), in numpy."""
+    shared: list[list[int]] = [[] for _ in load]
+    tokens, comm, at = np.zeros(len(load), dtype=np.int64), np.zeros(len(load)), np.asarray(load, dtype=np.float64)
+    for i in order:
+        g = int(np.argmin(at + r.share[i] + r.x_a(tokens + r.n[i]) - comm))
         shared[g].append(i)
-        tokens[g] += s
-        hi = max(hi, tokens[g])
-        load[g] += t + grown - comm[g]
+        tokens[g] += r.n[i]
+        grown = r.x(int(tokens[g]))
+        at[g] += r.share[i] + grown - comm[g]
         comm[g] = grown
-        for h in priced:
-            heapq.heappush(busy, (load[h], h))
-    for g in range(n_rep):
-        load[g] -= comm[g]
-    return shared, comm
+    load[:] = (at - comm).tolist()
+    return shared, comm.tolist()
 
 
 def deal_own(items: list[int], own: list[float], comm: list[float], base: list[float], d: int
