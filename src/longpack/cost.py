@@ -33,7 +33,7 @@ Cost of evaluation: O(1) per (micro-batch, rank) with O(pieces) for the attentio
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import overload
 
@@ -294,6 +294,12 @@ class CostModel:
             if self.token_cap(k) >= tokens:
                 return k
         return None
+
+    def at_cp(self, cp: int) -> CostModel:
+        """This model for CP groups of ``cp`` ranks on the same world (dp · cp kept); itself at its own degree."""
+        if cp == self.cfg.cp:
+            return self
+        return CostModel(self.model, self.hw, replace(self.cfg, cp=cp, dp=self.cfg.dp * self.cfg.cp // cp))
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _k(self, ckpt_layers: int | None) -> int:

@@ -33,11 +33,11 @@ import numpy as np
 from ..cost import CostModel
 from ..plan import Plan, Replica, Step
 from ..sim.bounds import mixed_step_bound
-from ..sim.simulate import _with_cp, simulate_step
+from ..sim.simulate import simulate_step
 from .unified.layout import Mb, Rates
 from .unified.moves import apply, trial
 
-__all__ = ["PARTS", "partitions", "shapes", "regroup", "layout_on_groups"]
+__all__ = ["PARTS", "partitions", "shapes", "regroup", "layout_on_groups", "divisors"]
 
 PARTS = 8  # most groups in one step
 WIDE = 16  # a wide group of a head holds at least world / WIDE ranks
@@ -57,7 +57,7 @@ def shapes(world: int, allowed: tuple[int, ...] | None = None) -> list[tuple[int
     world (and are in ``allowed`` when given), and every split into one or two wide groups (at least world /
     ``WIDE``) plus groups of one size up to ``NARROW`` for the rest (many small groups: samples that fit a node
     exchange over NVLink). Only splits into more than one size, each once, largest first."""
-    sizes = _sizes(world, allowed)
+    sizes = divisors(world, allowed)
     out = partitions(world, sizes)
     wide = [d for d in sizes if d * WIDE >= world and d < world]
     for head in [(a,) for a in wide] + [(a, b) for a in wide for b in wide if b <= a and a + b < world]:
@@ -66,35 +66,28 @@ def shapes(world: int, allowed: tuple[int, ...] | None = None) -> list[tuple[int
     return sorted((s for s in out if len(set(s)) > 1), reverse=True)
 
 
-def _sizes(world: int, allowed: Sequence[int] | None) -> list[int]:
+def divisors(world: int, allowed: Sequence[int] | None = None) -> list[int]:
     """The group sizes a split may use, largest first: the divisors of the world (in ``allowed`` when given)."""
     return [d for d in range(world, 0, -1) if world % d == 0 and (allowed is None or d in allowed)]
 
 
 class _Step:
-    """A step's samples by position (longest first), whether the step shards each, and their Eq. 2 terms at each
-    degree (memoised) at the step's checkpointing."""
+    """A step's samples by position (longest first), whether the step shards each, and their Eq. 2 terms at the
+    step's checkpointing at each of ``sizes`` and 1."""
 
-    def __init__(self, step: Step, lengths: dict[int, int], cost: CostModel) -> None:
+    def __init__(self, step: Step, lengths: dict[int, int], cost: CostModel, sizes: Sequence[int]) -> None:
         pieces = [p for r in step.replicas for mb in r.micro_batches for p in mb.pieces]
         self.ids = sorted({p.sample for p in pieces}, key=lambda i: (-lengths[i], i))
         self.n = np.array([lengths[i] for i in self.ids], dtype=np.int64)
         self.sharded = {p.sample for p in pieces if p.cp_rank is None}
-        self.ckpt = max((mb.ckpt_layers for r in step.replicas for mb in r.micro_batches), default=0)
-        self.cost, self._rates = cost, dict[int, Rates]()
-
-    def rates(self, d: int) -> Rates:
-        if d not in self._rates:
-            world = self.cost.cfg.dp * self.cost.cfg.cp
-            cost = self.cost if d == self.cost.cfg.cp else _with_cp(self.cost, d, world // d)
-            self._rates[d] = Rates(cost, d, self.n, self.ckpt)
-        return self._rates[d]
+        ckpt = max((mb.ckpt_layers for r in step.replicas for mb in r.micro_batches), default=0)
+        self.rates = {d: Rates(cost.at_cp(d), d, self.n, ckpt) for d in {*sizes, 1}}
 
 
 def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel, degrees: tuple[int, ...]) -> Step | None:
     """The greedy layout of ``step``'s samples on groups of ``degrees`` (module docstring); None when it does not
     fit one micro-batch per group."""
-    s = _Step(step, lengths, cost)
+    s = _Step(step, lengths, cost, degrees)
     mbs = _lay(s, degrees, step.token_cap)
     return None if mbs is None else _on_groups(step, s, mbs, degrees)
 
@@ -102,10 +95,10 @@ def layout_on_groups(step: Step, lengths: dict[int, int], cost: CostModel, degre
 def _lay(s: _Step, degrees: tuple[int, ...], cap: int) -> list[Mb] | None:
     """One micro-batch per group of ``degrees`` (module docstring), or None. Own samples go to the best rank of
     the whole world in one vectorised pass each."""
-    mbs = [Mb(s.rates(d), [], []) for d in degrees]
+    mbs = [Mb(s.rates[d], [], []) for d in degrees]
     of_rank = np.repeat(np.arange(len(degrees)), degrees)
     at = np.concatenate([np.arange(d) for d in degrees])  # each rank's index in its group
-    loc, tok, own = np.zeros(of_rank.size), np.zeros(of_rank.size), s.rates(1).own
+    loc, tok, own = np.zeros(of_rank.size), np.zeros(of_rank.size), s.rates[1].own
 
     def share(i: int) -> bool:  # shard sample i where its group ends soonest (within the cap), larger groups first
         ends = [(t, -mb.r.d, k) for k, mb in enumerate(mbs) if (t := trial(mb, cap, None, (i, -1))) is not None]
@@ -154,9 +147,9 @@ def regroup(step: Step, lengths: dict[int, int], cost: CostModel, planner: str =
     plan = Plan(planner=planner, world=world, lengths=lengths, steps=(step,))
     worth = (1.0 - MIN_GAIN) * simulate_step(0, step, plan, cost, bound=False).time_s  # what a layout must beat
     samples = np.array(sorted(lengths[i] for i in {p.sample for p in pieces}), dtype=np.float64)
-    if mixed_step_bound(samples, cost, _sizes(world, sizes), split=False) >= worth:
+    if mixed_step_bound(samples, cost, divisors(world, sizes), split=False) >= worth:
         return step  # no layout on several sizes can be MIN_GAIN faster: skip the search (most lmsys steps)
-    best, best_s, s = None, worth - cost.grad_allreduce_s(), _Step(step, lengths, cost)
+    best, best_s, s = None, worth - cost.grad_allreduce_s(), _Step(step, lengths, cost, divisors(world, sizes))
     for degrees in shapes(world, tuple(sizes) if sizes else None):
         mbs = _lay(s, degrees, step.token_cap)
         if mbs is not None and max(mb.t for mb in mbs) < best_s and all(max(mb.tok) + mb.w <= mb.r.mem for mb in mbs):

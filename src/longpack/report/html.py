@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from .. import jobs  # noqa: E402
 from ..cost import CostModel  # noqa: E402
 from ..plan import Plan  # noqa: E402
-from ..sim.simulate import StepReport, _with_cp, micro_batch_times  # noqa: E402
+from ..sim.simulate import StepReport, micro_batch_times  # noqa: E402
 
 __all__ = ["build_report"]
 
@@ -61,7 +61,7 @@ def gantt(plan: Plan, cost: CostModel, step: int, max_ranks: int = 64) -> tuple[
     world = sum(d for _, d in spans)
     bars = []  # per replica: (first rank, cp, finish time, [(rank offset, start, local, hidden, exposed, dist)])
     for rep, (first, cp) in zip(st.replicas, spans, strict=True):
-        at = cost if cost.cfg.cp == cp else _with_cp(cost, cp, world // cp)  # the exchange spans this group
+        at = cost.at_cp(cp)  # the exchange spans this group
         t0 = np.zeros(cp)
         segs = []
         for mb in rep.micro_batches:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -349,7 +348,7 @@ def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
     world = cost.cfg.dp * cost.cfg.cp
     found = []  # per degree: (bound, busiest-replica bound, all-reduce, cost model, forms)
     for d in degrees or (cost.cfg.cp,):
-        c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
+        c = cost.at_cp(d)
         forms = sample_forms(lengths, c, split_len, memory)
         work, unit = forms.work, forms.unit
         h = per_micro_batch_s(c)
@@ -409,7 +408,7 @@ def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
     world = cost.cfg.dp * cost.cfg.cp
     found = []
     for d in degrees or (cost.cfg.cp,):
-        c = cost if d == cost.cfg.cp else CostModel(cost.model, cost.hw, replace(cost.cfg, cp=d, dp=world // d))
+        c = cost.at_cp(d)
         slopes = [b for _, b in comm_minorant(c) if b > 0]
         found.append((d, sample_forms(s, c, split_len, memory), max(slopes, default=0.0),
                       _chord_slope(c) if d > 1 else None))

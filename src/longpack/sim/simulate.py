@@ -153,7 +153,7 @@ def simulate_step(index: int, step: Step, plan: Plan, cost: CostModel, *, bound:
     run_cost = cost
     spans = step.spans()  # (first rank, degree) of each replica's group
     n_ranks = sum(d for _, d in spans)
-    costs = {d: cost if cost.cfg.cp == d else _with_cp(cost, d, n_ranks // d) for _, d in spans}
+    costs = {d: cost.at_cp(d) for _, d in spans}
     if step.mixed:
         times = None  # a planner's memo is for one degree
     busy = np.zeros(n_ranks)
@@ -225,13 +225,6 @@ def kept_chunks(mbs: tuple[MicroBatch, ...], plan: Plan) -> int:
             if plan.is_chunk(p) and not mb.recompute:
                 kept[p.sample] = kept.get(p.sample, 0) + 1
     return max(kept.values(), default=1)
-
-
-def _with_cp(cost: CostModel, cp: int, dp: int) -> CostModel:
-    """The same cost model for a step whose CP degree differs from the run's (HBP's per-group degrees)."""
-    from dataclasses import replace
-
-    return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=cp, dp=dp))
 
 
 _BOUNDS: dict[tuple[Any, ...], float] = {}

@@ -41,11 +41,10 @@ from collections.abc import Callable
 from functools import cache
 
 from ...plan import MicroBatch, Step
-from ...sim.simulate import _with_cp
 from ..base import Batch, PlanContext, Planner, register
 from ..beside import fill_step
-from ..groups import MIN_GAIN, regroup
-from .knobs import Candidate, candidates, divisors
+from ..groups import MIN_GAIN, divisors, regroup
+from .knobs import Candidate, candidates
 from .layout import Layout, Rates, floor
 from .moves import BUDGET, Budget, balance, search
 from .place import build
@@ -69,7 +68,7 @@ class Unified(Planner):
         @cache
         def rates(d: int, k: int) -> Rates:
             """The batch's Eq. 2 terms at CP degree d with k checkpointed layers (for this call)."""
-            return Rates(_with_cp(ctx.cost, d, ctx.world // d) if d != ctx.cp else ctx.cost, d, batch.lengths, k)
+            return Rates(ctx.cost.at_cp(d), d, batch.lengths, k)
 
         budget, one_stage = Budget(self._budget(ctx, batch.samples.size)), ctx.cost.cfg.pp == 1
         best: tuple[Key, Layout] | None = None
@@ -88,16 +87,14 @@ class Unified(Planner):
             filled = fill_step(step, lay.cost, lengths.__getitem__)
             if one_stage or lay.simulated(filled) < lay.simulated(step):
                 step = filled
-        if ctx.flag("mixed_groups", True) and one_stage and any(mb.shared for rep in lay.reps for mb in rep) \
-                and not any(lay.chains):
-            # sizes of --opt degrees, else divisors of --cp unless widened; searched only where the closed form's
-            # bound on groups of those sizes leaves room for the gain regroup asks
-            sizes = ctx.numbers("degrees", int, "8,4,2,1", "integers") or (
-                None if ctx.flag("widen", False) else divisors(ctx.cp))
-            if floor([rates(d, ctx.ckpt_layers) for d in sizes or divisors(ctx.world)]) < (1 - MIN_GAIN) * \
-                    lay.score()[1]:
-                step = regroup(step, lengths, ctx.cost, self.name, sizes)
-        return step
+        # groups of the sizes of --opt degrees, else divisors of --cp unless widened, tried only where the closed
+        # form's bound on them leaves room for the gain regroup asks
+        sizes = ctx.numbers("degrees", int, "8,4,2,1", "integers") or (None if ctx.flag("widen", False) else
+                                                                       divisors(ctx.cp))
+        room = (1 - MIN_GAIN) * lay.score()[1] - floor([rates(d, ctx.ckpt_layers) for d in sizes or
+                                                         divisors(ctx.world)]) if one_stage else 0.0
+        return regroup(step, lengths, ctx.cost, self.name, sizes) if ctx.flag("mixed_groups", True) and room > 0 \
+            else step
 
     def _finalists(self, batch: Batch, ctx: PlanContext, lengths: dict[int, int],
                    rates: Callable[[int, int], Rates]) -> list[tuple[Key, Layout]]:

@@ -29,9 +29,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ..base import Batch, PlanContext
+from ..groups import divisors
 from .layout import Rates
 
-__all__ = ["Candidate", "candidates", "UNIT", "divisors"]
+__all__ = ["Candidate", "candidates", "UNIT"]
 
 UNIT = -1.0  # the sharding threshold at the step's longest unit, not a multiple of τ
 ALPHAS = (math.inf, 2.0, 1.0, 0.5, UNIT)
@@ -90,8 +91,3 @@ def _alpha(text: str) -> float:
     if not (value := float(text)) > 0:
         raise ValueError(text)
     return value
-
-
-def divisors(n: int) -> list[int]:
-    """Divisors of ``n``, largest first."""
-    return [d for d in range(n, 0, -1) if n % d == 0]

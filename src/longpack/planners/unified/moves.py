@@ -133,23 +133,17 @@ def members(mb: Mb) -> list[Member]:
 
 
 def repack(mbs: list[Mb], cap: int, budget: Budget) -> None:
-    """One replica's samples between its micro-batches (module docstring), in place: first improvement, while one
-    helps; an emptied micro-batch is dropped. O(samples · m) prices a pass, for m micro-batches."""
+    """One replica's samples between its micro-batches (module docstring), in place: first improvement, pass after
+    pass while one helps; an emptied micro-batch is dropped. O(samples · m) prices a pass, for m micro-batches."""
     improved = True
     while improved and budget.left > 0 and len(mbs) > 1:
-        improved, a = False, 0
-        while a < len(mbs) and budget.left > 0:
-            x = 0
-            while x < len(mbs[a].shared) + len(mbs[a].own) and budget.left > 0:
-                if not _move(mbs, mbs[a], members(mbs[a])[x], cap, budget):
-                    x += 1
-                    continue
-                improved = True
-                if not (mbs[a].shared or mbs[a].own):
-                    del mbs[a]
-                    break
-            else:
-                a += 1
+        improved = False
+        for src in list(mbs):
+            for p in members(src):
+                if budget.left > 0 and _move(mbs, src, p, cap, budget):
+                    improved = True
+                    if not (src.shared or src.own):
+                        mbs.remove(src)
 
 
 def _move(mbs: list[Mb], src: Mb, p: Member, cap: int, budget: Budget) -> bool:
