@@ -2,12 +2,12 @@
 
 Per global batch:
 
-1. **Knobs** (planners/unified/knobs.py): every candidate setting of CP degree, checkpointing, micro-batch budget
-   and sharding threshold, each one paper's lever made a choice.
-2. **One greedy placement** per candidate (place.py, tail.py): chains and big samples, then sharded samples, then
-   whole samples to replicas and ranks by cost-model seconds, packed into micro-batches (layout.py) whose times
-   are Eq. 2's closed form, the simulator's own terms. A candidate placing exactly as an earlier one is skipped,
-   and so is a degree whose bound (layout.Rates.bound) the best layout so far already reaches.
+1. **Knobs** (planners/unified/knobs.py): every candidate setting of CP degree, micro-batch budget, chain form and
+   sharding threshold, each one paper's lever made a choice.
+2. **One greedy placement** per candidate (place.py, tail.py): chains, then sharded samples, then whole samples to
+   replicas and ranks by cost-model seconds, packed into micro-batches (layout.py) whose times are Eq. 2's closed
+   form, the simulator's own terms. A candidate placing exactly as an earlier one is skipped, and so is a degree
+   whose bound (layout.Rates.bound) the best layout so far already reaches.
 3. **Local search** (moves.py, one pipeline stage): the two best layouts of the best degree (and its best of
    another sharding) and the best of the next two are balanced by moving whole micro-batches between replicas;
    the fastest is searched further, in rounds of repacking samples within a replica and trading samples between
@@ -19,14 +19,14 @@ Per global batch:
    on CP groups of several sizes, kept where it is at least 3% faster.
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
-micro-batch counts, determinism (ties by position). The candidate (d = cp, configured k, K = 1, α = ∞), plain
-cost-balanced packing with memory-forced sharding, is scored unless a layout already beats its degree's bound,
-and every later phase only keeps what the simulator's terms say is no slower, so the result is never slower than
-that plan when it fits memory.
+micro-batch counts, determinism (ties by position). The candidate (d = cp, K = 1, α = ∞), plain cost-balanced
+packing with memory-forced sharding, is scored unless a layout already beats its degree's bound, and every later
+phase only keeps what the simulator's terms say is no slower, so the result is never slower than that plan when
+it fits memory.
 
-Cost: C candidates × O(n log n) placement and O(n · m) packing, C ≤ |degrees| · 2 · |splits| · 6; the local
-search prices at most ``budget`` layouts (default ``BUDGET`` per sample of the batch), O(d) each. Figures per
-batch and per epoch are in docs/BENCHMARKS.md ("Planning cost").
+Cost: C candidates × O(n log n + n · replicas) placement and O(n · m) packing, C ≤ |degrees| · 2 · |splits| · 5;
+the local search prices at most ``budget`` layouts (default ``BUDGET`` per sample of the batch), O(d) each.
+Figures per batch and per epoch are in docs/BENCHMARKS.md ("Planning cost").
 
 Options: ``degrees``, ``splits``, ``alphas`` (the knobs' values), ``widen`` (1: CP groups wider than ``--cp``),
 ``shard_chains`` (0: chains only at CP degree 1, what ``longpack train`` sets), ``budget`` (layouts the local
@@ -52,7 +52,7 @@ from .place import build
 __all__ = ["Unified", "Candidate"]
 
 Key = tuple[bool, float, int]  # (over memory, seconds, candidate order)
-VARIANT_ALPHAS = 2  # a degree's variants (more checkpointing, smaller splits, tail twins) at its best alphas only
+VARIANT_ALPHAS = 2  # a degree's variants (smaller splits, tail twins) at its best alphas only
 
 
 @register

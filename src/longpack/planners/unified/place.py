@@ -13,8 +13,8 @@ both Σ s and Σ s² balance).
 
 Returns the :class:`~.layout.Layout`, or None when the candidate is infeasible or places exactly as one already
 seen. Guarantees: every sample placed once, each within its rank's budget or split into a chain. Cost:
-O(n log n + n · log replicas) for the sharded deal (a replica is priced only while its load could still win),
-O(n · replicas) for the whole-sample deal, O(n · m) for packing into m micro-batches a replica.
+O(n log n + n · replicas) for the deals (one numpy pricing of the replicas a sample from 32 of them on),
+O(n · m) for packing into m micro-batches a replica.
 """
 
 from __future__ import annotations
