@@ -142,8 +142,8 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     def rates(d, k):
         return Rates(cost, d, x, k)
 
-    even = build(batch, ctx, rates, Candidate(2, 1, float("inf")), set(), {}).score()
-    tail = build(batch, ctx, rates, Candidate(2, 1, float("inf"), True), set(), {}).score()
+    even = build(batch, ctx, rates, Candidate(2, 1, float("inf")), set()).score()
+    tail = build(batch, ctx, rates, Candidate(2, 1, float("inf"), True), set()).score()
     assert not tail[0] and (even[0] or tail[1] < even[1])
     plan = u.plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
     plan.validate()
@@ -296,7 +296,7 @@ def _layout(cost, d, lengths, reps, cap=None):
 
     r = Rates(cost, d, np.array(lengths), 0)
     chains = [list(ch) for _, ch in reps]
-    chain_s, oom = chain_cost(chains, cost, dict(enumerate(lengths)), {})
+    chain_s, oom = chain_cost(chains, r, dict(enumerate(lengths)))
     return Layout([[Mb(r, list(sh), list(own)) for sh, own in free] for free, _ in reps], chains, chain_s, oom, cost,
                   cap or cost.token_cap(0), 0.0, frozenset(), list(range(len(lengths))), dict(enumerate(lengths)))
 

@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable
 from functools import cache
 
-from ...plan import MicroBatch, Step
+from ...plan import Step
 from ..base import Batch, PlanContext, Planner, register
 from ..beside import fill_step
 from ..groups import MIN_GAIN, divisors, regroup
@@ -101,7 +101,6 @@ class Unified(Planner):
         """Every candidate placed and scored; the two best of the best degree (and its best of another sharding)
         and the best of the next two degrees."""
         seen: set[tuple] = set()
-        memos: dict[int, dict[MicroBatch, tuple]] = {}  # per degree: the simulator's chain micro-batch times
         per_degree: dict[int, list[tuple[Key, Layout]]] = {}
         alphas: dict[int, list[tuple[Key, float]]] = {}  # per degree, its plain candidates' keys and thresholds
         best = math.inf  # the fastest layout within memory so far: a degree whose bound reaches it is skipped
@@ -110,7 +109,7 @@ class Unified(Planner):
                 continue
             if c.variant and c.alpha not in [a for _, a in sorted(alphas.get(c.degree, []))[:VARIANT_ALPHAS]]:
                 continue
-            lay = build(batch, ctx, rates, c, seen, memos.setdefault(c.degree, {}))
+            lay = build(batch, ctx, rates, c, seen)
             if lay is None:  # infeasible, or the same placement as an earlier candidate
                 continue
             kept = per_degree.setdefault(c.degree, [])

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from functools import cached_property
+from collections.abc import Callable
+from functools import cache, cached_property
 
 import numpy as np
 
 from ...cost import CostModel
 from ...hardware import MB
 from ...plan import MicroBatch, Piece, Plan, Step
-from ...sim.simulate import simulate_step
+from ...sim.simulate import micro_batch_times, simulate_step
 from ..base import assemble_step
 
 __all__ = ["Rates", "Mb", "pack", "floor", "Layout"]
@@ -75,6 +76,11 @@ class Rates:
     def time(self, loc: float, sh: float, n: int) -> float:
         """Eq. 2: a micro-batch's seconds from its largest own load, summed shares and sharded tokens."""
         return max(self.x(n), loc) + sh + self.h
+
+    @cached_property
+    def times(self) -> Callable[[MicroBatch], tuple[np.ndarray, ...]]:
+        """The simulator's per-rank times of a micro-batch at this degree (memoised: candidates share chains)."""
+        return cache(lambda mb: micro_batch_times(mb, self.d, self.cost))
 
     @cached_property
     def alone(self) -> np.ndarray:

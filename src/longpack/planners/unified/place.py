@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...plan import MicroBatch
 from ..base import Batch, PlanContext
 from .knobs import UNIT, Candidate
 from .layout import Layout, Rates, pack
@@ -36,10 +35,9 @@ __all__ = ["build", "deal_shared", "deal_own"]
 FEW = 32  # below this many replicas the whole-sample deal scans them in Python, faster than numpy there
 
 
-def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c: Candidate, seen: set[tuple],
-          memo: dict[MicroBatch, tuple[np.ndarray, ...]]) -> Layout | None:
-    """The candidate's layout (module docstring); ``rates(d, k)``: the batch's :class:`Rates`, memoised;
-    ``memo``: the simulator's chain micro-batch times at this degree."""
+def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c: Candidate, seen: set[tuple]
+          ) -> Layout | None:
+    """The candidate's layout (module docstring); ``rates(d, k)``: the batch's :class:`Rates`, memoised."""
     d, r, lengths = c.degree, rates(c.degree, ctx.ckpt_layers), batch.lengths
     cost, cap = r.cost, r.cost.token_cap(r.k)
     budget = cap // c.split
@@ -65,7 +63,7 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
     samples = batch.samples.tolist()
     full = dict(zip(samples, lengths.tolist(), strict=True))
     return Layout([pack(r, shared[g], own[g], budget) for g in range(len(own))], chains,
-                  *chain_cost(chains, cost, full, memo), cost, cap, r.bound - cost.grad_allreduce_s(),
+                  *chain_cost(chains, r, full), cost, cap, r.bound - cost.grad_allreduce_s(),
                   frozenset(np.flatnonzero(sharded).tolist()), samples, full)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...cost import CostModel
 from ...plan import MicroBatch, Piece, Plan
-from ...sim.simulate import micro_batch_times, simulate_step
+from ...sim.simulate import simulate_step
 from ..base import Batch, assemble_step
 from ..packers import lpt
 from .layout import Rates
@@ -122,19 +122,14 @@ def pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int, kept: int 
             for j, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
 
 
-def chain_cost(chains: list[list[MicroBatch]], cost: CostModel, full: dict[int, int],
-               memo: dict[MicroBatch, tuple[np.ndarray, ...]]) -> tuple[list[float], bool]:
+def chain_cost(chains: list[list[MicroBatch]], r: Rates, full: dict[int, int]) -> tuple[list[float], bool]:
     """Per replica, the simulator's seconds of its chain micro-batches, and whether any runs over memory (its
-    memory walk; the whole samples before them hold nothing). ``memo``: micro-batch times at the cost's degree."""
-    def times(mb: MicroBatch) -> tuple[np.ndarray, ...]:
-        return memo[mb] if mb in memo else memo.setdefault(mb, micro_batch_times(mb, cost.cfg.cp, cost))
-
+    memory walk, on the replicas holding chains; the whole samples before them hold nothing)."""
     secs, held = [0.0] * len(chains), [g for g, mbs in enumerate(chains) if mbs]
     if not held:
         return secs, False
-    step = assemble_step([chains[g] for g in held], cp=cost.cfg.cp, token_cap=cost.token_cap())
-    rep = simulate_step(0, step, Plan("unified", cost.cfg.cp * len(held), full, (step,)), cost, bound=False,
-                        times=times)
+    step = assemble_step([chains[g] for g in held], cp=r.d, token_cap=r.cost.token_cap())
+    rep = simulate_step(0, step, Plan("unified", r.d * len(held), full, (step,)), r.cost, bound=False, times=r.times)
     for g, t in zip(held, rep.replica_s, strict=True):
         secs[g] = t
     return secs, rep.oom
