@@ -52,7 +52,7 @@ from .place import build
 __all__ = ["Unified", "Candidate"]
 
 Key = tuple[bool, float, int]  # (over memory, seconds, candidate order)
-VARIANT_ALPHAS = 2  # a degree's variants (smaller splits, tail twins) at its best alphas only
+VARIANT_ALPHAS = 2  # a degree's variants (smaller splits, tail twins) at its best alphas only (knobs.py)
 
 
 @register
@@ -107,7 +107,8 @@ class Unified(Planner):
         for c in candidates(batch, ctx, rates):
             if ctx.cost.cfg.pp == 1 and rates(c.degree, ctx.ckpt_layers).bound >= best:
                 continue
-            if c.variant and c.alpha not in [a for _, a in sorted(alphas.get(c.degree, []))[:VARIANT_ALPHAS]]:
+            plain = sorted(alphas.get(c.degree, []))
+            if c.variant and (c.alpha not in [a for _, a in plain[:VARIANT_ALPHAS]] or plain[0][0][1] > best):
                 continue
             lay = build(batch, ctx, rates, c, seen)
             if lay is None:  # infeasible, or the same placement as an earlier candidate

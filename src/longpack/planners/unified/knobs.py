@@ -16,7 +16,8 @@ A :class:`Candidate` is one setting of four knobs, each one paper's lever made a
   load), or the step's longest unit (``unit``).
 
 A degree's candidates come plain (K = 1, no twin) first, one per α; the others are ``variant`` s, which the
-planner builds only for the α its plain ones rank best. Cost: O(|degrees| · 2 · |splits| · |alphas|)
+planner builds only for the α its plain ones rank best, and only where its best plain one is no slower than every
+layout so far. Cost: O(|degrees| · 2 · |splits| · |alphas|)
 candidates, O(n) a degree to list (its :class:`~.layout.Rates`).
 """
 
