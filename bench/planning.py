@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--planners", default=",".join(sorted(PLANNERS)))
-    ap.add_argument("--epoch-budget-s", type=float, default=60.0,
+    ap.add_argument("--epoch-budget-s", type=float, default=240.0,
                     help="a planner slower than this per epoch is timed on a prefix of the batches and scaled")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
