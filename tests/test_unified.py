@@ -465,3 +465,17 @@ def test_unified_trades_near_equal_own_samples_between_replicas_onto_a_waiting_r
     rep = simulate_step(0, step, plan, cost, bound=False)
     assert not rep.oom
     np.testing.assert_allclose(rep.replica_s, after, rtol=1e-12)
+
+
+def test_unified_with_pipeline_stages_is_no_slower_than_chunkflow_on_its_256k_setup():
+    # ChunkFlow's <TP4, CP4, PP4> 256K setup: with stages the chunk size is the lever (a smaller split beats every
+    # plain layout), so unified must still try its splits there
+    from longpack.reproduce import chunkflow as cf
+
+    lengths = generate("lmsys-chat-1m", 20_000, seed=0)
+    s = cf.SETUPS["256K"]
+    cost = cf._cost(s["dp"], s["pp"], 0)
+    seed = cf._run("chunkflow", lengths, cost, s["context"], 2, 0, chunk_size=s["chunk"], k=s["k"])
+    ours = cf._run("unified", lengths, cost, s["context"], 2, 0)
+    assert ours["oom_steps"] == 0
+    assert ours["step_time_s"] <= seed["step_time_s"] * (1 + 1e-9), (ours, seed)

@@ -104,11 +104,12 @@ class Unified(Planner):
         per_degree: dict[int, list[tuple[Key, Layout]]] = {}
         alphas: dict[int, list[tuple[Key, float]]] = {}  # per degree, its plain candidates' keys and thresholds
         best = math.inf  # the fastest layout within memory so far: a degree whose bound reaches it is skipped
+        one = ctx.cost.cfg.pp == 1  # one stage: the closed form's bound holds
         for c in candidates(batch, ctx, rates):
-            if ctx.cost.cfg.pp == 1 and rates(c.degree, ctx.ckpt_layers).bound >= best:
+            if one and rates(c.degree, ctx.ckpt_layers).bound >= best:
                 continue
-            plain = sorted(alphas.get(c.degree, []))
-            if c.variant and (c.alpha not in [a for _, a in plain[:VARIANT_ALPHAS]] or plain[0][0][1] > best):
+            plain = sorted(alphas.get(c.degree, []))  # with stages, a smaller split can beat every plain layout
+            if c.variant and (c.alpha not in [a for _, a in plain[:VARIANT_ALPHAS]] or one and plain[0][0][1] > best):
                 continue
             lay = build(batch, ctx, rates, c, seen)
             if lay is None:  # infeasible, or the same placement as an earlier candidate

@@ -16,9 +16,9 @@ A :class:`Candidate` is one setting of four knobs, each one paper's lever made a
   load), or the step's longest unit (``unit``).
 
 A degree's candidates come plain (K = 1, no twin) first, one per α; the others are ``variant`` s, which the
-planner builds only for the α its plain ones rank best, and only where its best plain one is no slower than every
-layout so far. Cost: O(|degrees| · 2 · |splits| · |alphas|)
-candidates, O(n) a degree to list (its :class:`~.layout.Rates`).
+planner builds only for the α its plain ones rank best, and (with one pipeline stage) only where its best plain
+one is no slower than every layout so far. Cost: O(|degrees| · 2 · |splits| · |alphas|) candidates, O(n) a degree
+to list (its :class:`~.layout.Rates`).
 """
 
 from __future__ import annotations
