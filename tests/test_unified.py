@@ -137,13 +137,14 @@ def test_unified_tail_chain_recomputes_only_the_head_a_rank_cannot_hold():
     assert cap < 15_000
     ctx = PlanContext(cost=cost)
     batch = Batch(0, np.arange(x.size), x, cap * 2, None)
+    full = dict(enumerate(x.tolist()))
     u = Unified()
 
     def rates(d, k):
         return Rates(cost, d, x, k)
 
-    even = build(batch, ctx, rates, Candidate(2, 1, float("inf")), set()).score()
-    tail = build(batch, ctx, rates, Candidate(2, 1, float("inf"), True), set()).score()
+    even = build(batch, ctx, rates, Candidate(2, 1, float("inf")), set(), full).score()
+    tail = build(batch, ctx, rates, Candidate(2, 1, float("inf"), True), set(), full).score()
     assert not tail[0] and (even[0] or tail[1] < even[1])
     plan = u.plan(x, [np.arange(x.size)], PlanContext(cost=cost, options={"degrees": "2"}))
     plan.validate()

@@ -106,10 +106,13 @@ def _lay(s: _Step, degrees: tuple[int, ...], cap: int) -> list[Mb] | None:
             apply(mbs[min(ends)[2]], None, (i, -1))
         return bool(ends)
 
+    def groups() -> tuple[np.ndarray, ...]:  # per rank, its group's exchange, shares + h, and tokens left
+        return tuple(np.array(v)[of_rank] for v in ([mb.r.x(mb.n) for mb in mbs], [mb.sh + mb.r.h for mb in mbs],
+                                                     [cap - mb.w for mb in mbs]))
+
     if not all(share(i) for i, x in enumerate(s.ids) if x in s.sharded):
         return None
-    hid, add, room = (np.array(v)[of_rank] for v in ([mb.r.x(mb.n) for mb in mbs], [mb.sh + mb.r.h for mb in mbs],
-                                                      [cap - mb.w for mb in mbs]))
+    hid, add, room = groups()
     for i in (i for i, x in enumerate(s.ids) if x not in s.sharded):
         finish = np.where(room - tok >= s.n[i], np.maximum(hid, loc + own[i]) + add, np.inf)
         r = int(np.argmin(finish))
@@ -121,8 +124,7 @@ def _lay(s: _Step, degrees: tuple[int, ...], cap: int) -> list[Mb] | None:
             mb.sums()
         if not share(i):  # it fits no rank: sharded where it slows a group least, the groups timed again
             return None
-        hid, add, room = (np.array(v)[of_rank] for v in ([mb.r.x(mb.n) for mb in mbs],
-                                                          [mb.sh + mb.r.h for mb in mbs], [cap - mb.w for mb in mbs]))
+        hid, add, room = groups()
     for mb in mbs:
         mb.sums()
     return mbs

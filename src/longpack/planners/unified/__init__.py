@@ -111,7 +111,7 @@ class Unified(Planner):
             plain = sorted(alphas.get(c.degree, []))  # with stages, a smaller split can beat every plain layout
             if c.variant and (c.alpha not in [a for _, a in plain[:VARIANT_ALPHAS]] or one and plain[0][0][1] > best):
                 continue
-            lay = build(batch, ctx, rates, c, seen)
+            lay = build(batch, ctx, rates, c, seen, lengths)
             if lay is None:  # infeasible, or the same placement as an earlier candidate
                 continue
             kept = per_degree.setdefault(c.degree, [])

@@ -35,9 +35,10 @@ __all__ = ["build", "deal_shared", "deal_own"]
 FEW = 32  # below this many replicas the whole-sample deal scans them in Python, faster than numpy there
 
 
-def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c: Candidate, seen: set[tuple]
-          ) -> Layout | None:
-    """The candidate's layout (module docstring); ``rates(d, k)``: the batch's :class:`Rates`, memoised."""
+def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c: Candidate, seen: set[tuple],
+          full: dict[int, int]) -> Layout | None:
+    """The candidate's layout (module docstring); ``rates(d, k)``: the batch's :class:`Rates`, memoised; ``full``:
+    the batch's lengths by sample id."""
     d, r, lengths = c.degree, rates(c.degree, ctx.ckpt_layers), batch.lengths
     cost, cap = r.cost, r.cost.token_cap(r.k)
     budget = cap // c.split
@@ -61,7 +62,6 @@ def build(batch: Batch, ctx: PlanContext, rates: Callable[[int, int], Rates], c:
     shared, comm = deal_shared(heaviest_first(r.share_a, np.flatnonzero(sharded)), r, load)
     own = deal_own(heaviest_first(r.own_a, np.flatnonzero(local)), r.own, comm, load, d)
     samples = batch.samples.tolist()
-    full = dict(zip(samples, lengths.tolist(), strict=True))
     return Layout([pack(r, shared[g], own[g], budget) for g in range(len(own))], chains,
                   *chain_cost(chains, r, full), cost, cap, r.bound - cost.grad_allreduce_s(),
                   frozenset(np.flatnonzero(sharded).tolist()), samples, full)
