@@ -91,10 +91,9 @@ class Unified(Planner):
         # form's bound on them leaves room for the gain regroup asks
         sizes = ctx.numbers("degrees", int, "8,4,2,1", "integers") or (None if ctx.flag("widen", False) else
                                                                        divisors(ctx.cp))
-        room = (1 - MIN_GAIN) * lay.score()[1] - floor([rates(d, ctx.ckpt_layers) for d in sizes or
-                                                         divisors(ctx.world)]) if one_stage else 0.0
-        return regroup(step, lengths, ctx.cost, self.name, sizes) if ctx.flag("mixed_groups", True) and room > 0 \
-            else step
+        room = (1 - MIN_GAIN) * lay.score()[1] - floor([rates(d, ctx.ckpt_layers) for d in sizes or divisors(
+            ctx.world)]) if one_stage and ctx.flag("mixed_groups", True) else 0.0
+        return regroup(step, lengths, ctx.cost, self.name, sizes) if room > 0 else step
 
     def _finalists(self, batch: Batch, ctx: PlanContext, lengths: dict[int, int],
                    rates: Callable[[int, int], Rates]) -> list[tuple[Key, Layout]]:
