@@ -263,7 +263,7 @@ class LongpackMixin:
         with engine_attention(net):
             stats, _ = run_step(net, self.plan, step, self._lp_sampler.micro_batches(step), self._lp_rows,
                                 self._lp_ctx, self._lp_groups, self.lp.loss, self._lp_sync)
-        loss, tokens, targets = (float(x) for x in stats)
+        loss, tokens, targets = stats.tolist()  # the step's one read of the device
         self.longpack_steps.append({"step": step, "loss": loss, "tokens": int(tokens), "targets": int(targets),
                                     "planner_wait_seconds": waited})
         return torch.tensor(loss, device=self.args.device)

@@ -26,18 +26,17 @@ from typing import Any
 import torch
 
 from ..plan import MicroBatch, Plan
-from .attention import document_attention
-from .blockwise import attention_with_blocks
-from .data import Packed, Source, collate
-from .engine import checkpointing, forward_logits, num_layers
-from .loss import weighted_loss
+from . import varlen
+from .data import Packed, Source
+from .engine import num_layers
+from .runner import forward_loss, prepare
 
 __all__ = ["KVStore", "run_chain", "drive_chain"]
 
 
 class KVStore:
-    """Per layer, the K/V of every finished chunk of one sample ([1, kv_heads, n, D], detached) and the gradients
-    later chunks send to them (accumulated in place by the blockwise attention's backward)."""
+    """Per layer, the K/V of every finished chunk of one sample ([n, kv_heads, D], detached) and the gradients
+    later chunks send to them (accumulated in place by :class:`_WithPrefix`'s backward)."""
 
     def __init__(self, layers: int) -> None:
         self.blocks: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]] = [
@@ -55,71 +54,102 @@ class KVStore:
         return dk, dv
 
 
-def _bhsd(x_thd: torch.Tensor) -> torch.Tensor:
-    return x_thd.transpose(0, 1)[None].contiguous()
+class _WithPrefix(torch.autograd.Function):
+    """A chunk's queries over [the stored earlier chunks' keys | its own keys], bottom-right causal, in one call of
+    the attention backend; the stored keys' gradients go into their accumulators, the own keys' back to autograd.
+    The concatenated keys are rebuilt in backward rather than saved (one layer's prefix alive at a time)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks, seqs):  # type: ignore[override]
+        keys, vals = (torch.cat([b[i] for b in blocks] + [t]) for i, t in ((0, k), (1, v)))
+        o, lse = varlen.forward(q, keys, vals, seqs)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.blocks, ctx.seqs = blocks, seqs
+        return o
+
+    @staticmethod
+    def backward(ctx, do):  # type: ignore[override]
+        q, k, v, o, lse = ctx.saved_tensors
+        keys, vals = (torch.cat([b[i] for b in ctx.blocks] + [t]) for i, t in ((0, k), (1, v)))
+        dq, dk, dv = varlen.backward(do.to(q.dtype), q, keys, vals, o, lse, ctx.seqs)
+        at = 0
+        for kb, _, acc_k, acc_v in ctx.blocks:
+            n = kb.shape[0]
+            acc_k.add_(dk[at:at + n])
+            acc_v.add_(dv[at:at + n])
+            at += n
+        return dq, dk[at:], dv[at:], None, None
+
+
+def with_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: list) -> torch.Tensor:
+    """Queries ``q`` [s, H, D] over fully visible stored ``blocks`` [(k, v, grad_k acc, grad_v acc)] and their own
+    keys ``k`` / ``v`` [s, Hkv, D] (causal); exact, with the stored keys' gradients added to the accumulators."""
+    if not blocks:
+        return varlen.attention(q, k, v, varlen.Seqs([q.shape[0]]))
+    seqs = varlen.Seqs([q.shape[0]], [q.shape[0] + sum(b[0].shape[0] for b in blocks)])
+    if not torch.is_grad_enabled():
+        keys, vals = (torch.cat([b[i] for b in blocks] + [t]) for i, t in ((0, k), (1, v)))
+        return varlen.forward(q, keys, vals, seqs)[0]
+    return _WithPrefix.apply(q, k, v, blocks, seqs)
 
 
 class _ChunkPass:
     """The model's ``attend`` callback for one micro-batch holding chunk ``index`` of the chain's sample: the
-    chain's row attends over the store's earlier chunks plus itself; the other documents attend to themselves."""
+    chain's row attends over the store's earlier chunks plus itself; the other documents attend to themselves
+    (one backend call for all of them, their offsets made once here)."""
 
     def __init__(self, batch: Packed, sample: int, index: int, store: KVStore) -> None:
         self.store, self.index = store, index
         row = next(r for r, d in enumerate(batch.docs) if d[0] == sample)
         self.span = (batch.cu_seqlens[row], batch.cu_seqlens[row + 1])
-        cu = batch.cu_seqlens
-        self.others = [(a, b) for r, (a, b) in enumerate(zip(cu, cu[1:], strict=False)) if r != row]
+        lens = [b - a for a, b in zip(batch.cu_seqlens, batch.cu_seqlens[1:], strict=False)]
+        self.others = varlen.Seqs(lens[:row] + lens[row + 1:])
         # per layer, this chunk's own K/V from its first forward (the tensors later chunks' gradients go into); a
         # checkpointed layer's recomputation during backward calls this again and must not replace them
         self.own: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         a, b = self.span
-        k_own, v_own = _bhsd(k[a:b]), _bhsd(v[a:b])
-        self.own.setdefault(layer, (k_own, v_own))
-        o = attention_with_blocks(_bhsd(q[a:b]), k_own, v_own, self.store.before(layer, self.index))
-        out = torch.empty_like(q)
-        out[a:b] = o[0].transpose(0, 1)
-        for c, d in self.others:
-            out[c:d] = document_attention(q[c:d], k[c:d], v[c:d], [0, d - c])
-        return out
+        self.own.setdefault(layer, (k[a:b], v[a:b]))
+        o = with_prefix(q[a:b], k[a:b], v[a:b], self.store.before(layer, self.index))
+        if not self.others.q_lens:
+            return o
+        rest = varlen.attention(*(torch.cat([t[:a], t[b:]]) for t in (q, k, v)), self.others)
+        return torch.cat([rest[:a], o, rest[a:]])
 
 
 def run_chain(model: Any, plan: Plan, mbs: list[MicroBatch], sample: int, corpus: Source,
-              weights_of: Callable[[Packed], torch.Tensor]) -> tuple[float, int, int]:
-    """A chain on one rank (CP degree 1); returns (loss share, tokens, targets)."""
+              weights_of: Callable[[Packed], torch.Tensor], device: torch.device
+              ) -> tuple[torch.Tensor | None, int, int]:
+    """A chain on one rank (CP degree 1); returns (loss share as a device scalar, tokens, targets)."""
     store = KVStore(num_layers(model))
-    batches = [collate(mb, corpus, plan.effective_length) for mb in mbs]
-    return drive_chain(model, mbs, batches, lambda i: _ChunkPass(batches[i], sample, i, store), store, weights_of)
+    batches = [prepare(mb, corpus, plan.effective_length, weights_of, device) for mb in mbs]
+    return drive_chain(model, mbs, batches, lambda i: _ChunkPass(batches[i], sample, i, store), store)
 
 
 def drive_chain(model: Any, mbs: list[MicroBatch], batches: list[Packed], make_pass: Callable[[int], Any],
-                store: Any, weights_of: Callable[[Packed], torch.Tensor]) -> tuple[float, int, int]:
-    """Forward ascending, backward descending over the chain's micro-batches; returns (loss share, tokens,
-    targets). ``make_pass(i)`` builds chunk i's ``attend`` callback, whose ``own`` maps a layer to the chunk's
-    K/V tensors that enter ``store`` (``append``) and receive later chunks' gradients (``grads``)."""
+                store: Any) -> tuple[torch.Tensor | None, int, int]:
+    """Forward ascending, backward descending over the chain's micro-batches (already on the model's device:
+    runtime/runner.prepare); returns (loss share as a device scalar, tokens, targets). ``make_pass(i)`` builds
+    chunk i's ``attend`` callback, whose ``own`` maps a layer to the chunk's K/V tensors that enter ``store``
+    (``append``) and receive later chunks' gradients (``grads``)."""
     kept: dict[int, tuple[torch.Tensor, Any]] = {}
-    loss_sum = 0.0
+    loss_sum = None
     for i, (mb, batch) in enumerate(zip(mbs, batches, strict=True)):
         with torch.set_grad_enabled(not mb.recompute):
             attend = make_pass(i)
-            with checkpointing(model, mb.ckpt_layers if not mb.recompute else 0):
-                logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
-            loss = weighted_loss(logits, batch, weights_of(batch))
+            loss = forward_loss(model, batch, attend, mb.ckpt_layers if not mb.recompute else 0)
         for layer, (k, v) in sorted(attend.own.items()):
             store.append(layer, k, v)
-        loss_sum += float(loss.detach())
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if not mb.recompute:
             kept[i] = (loss, attend)
     for i in range(len(mbs) - 1, -1, -1):
         if i in kept:
             loss, attend = kept.pop(i)
         else:  # recompute: the same forward again, now recording the graph
-            batch = batches[i]
             attend = make_pass(i)
-            with checkpointing(model, mbs[i].ckpt_layers):
-                logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
-            loss = weighted_loss(logits, batch, weights_of(batch))
+            loss = forward_loss(model, batches[i], attend, mbs[i].ckpt_layers)
         tensors, grads = [loss], [torch.ones_like(loss)]
         if i < len(mbs) - 1:  # later chunks sent gradients to this chunk's keys and values: inject them
             for layer, (k, v) in sorted(attend.own.items()):

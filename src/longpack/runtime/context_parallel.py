@@ -12,8 +12,8 @@ a piece with ``cp_rank = None`` is sharded:
   rank's own slice, so dK/dV from every rank's queries reach the owner.
 * **Overlap.** The all-gather is issued asynchronously before the local pieces' attention and waited for after it
   (Fig. 2d), so communication hides behind local work in the forward pass. ``overlap=False`` waits first.
-* Each rank's query block [a, b) of a sharded piece attends to keys [0, b) of the gathered sequence with a
-  bottom-right causal mask (exact, any block sizes, any length, GQA).
+* Each rank's query block [a, b) of a sharded piece attends to keys [0, b) of the gathered sequence, bottom-right
+  causal, through the attention backend (runtime/varlen.py: FlashAttention varlen on CUDA; no mask anywhere).
 
 Gradients: CP ranks share parameters, so the step's gradient all-reduce spans every rank (runtime/train.py);
 the loss stays the global token mean because every rank weighs its tokens by the step's global count.
@@ -27,10 +27,9 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..plan import MicroBatch, Plan, Step
-from .attention import document_attention
+from . import varlen
 
 __all__ = ["zigzag_blocks", "rank_pieces", "CPGroups", "CPAttention", "all_gather_seq"]
 
@@ -151,7 +150,7 @@ def _gathered(x: torch.Tensor, group: dist.ProcessGroup | None, sizes: list[int]
 
 def _start_gather(x: torch.Tensor, group: dist.ProcessGroup | None, sizes: list[int], async_op: bool = False):
     top = max(sizes)
-    pad = torch.zeros((top - x.shape[0], *x.shape[1:]), dtype=x.dtype)
+    pad = x.new_zeros((top - x.shape[0], *x.shape[1:]))
     send = torch.cat([x.detach(), pad]) if top > x.shape[0] else x.detach().contiguous()
     bufs = [torch.empty_like(send) for _ in sizes]
     handle = dist.all_gather(bufs, send, group=group, async_op=async_op)
@@ -165,56 +164,46 @@ def all_gather_seq(x: torch.Tensor, group: dist.ProcessGroup | None, sizes: list
 
 
 class CPAttention:
-    """The model's ``attend`` callback for one micro-batch on one CP rank (see the module docstring)."""
+    """The model's ``attend`` callback for one micro-batch on one CP rank (see the module docstring). Everything
+    the layers reuse is made once per micro-batch: the row indices of the local and the sharded tokens (on the
+    device at the first layer), the per-piece order of the gathered K/V, and the backend's sequence lengths."""
 
     def __init__(self, mb: MicroBatch, cp: int, rank: int, group: dist.ProcessGroup | None,
                  rows: list[tuple[int, int, int]], sharded: list[bool], overlap: bool = True) -> None:
         self.cp, self.rank, self.group, self.overlap = cp, rank, group, overlap
         offs = np.concatenate([[0], np.cumsum([b - a for _, a, b in rows])]).astype(int).tolist()
-        self.local = [(offs[i], offs[i + 1]) for i, s in enumerate(sharded) if not s]
-        self.shard_rows = [i for i, s in enumerate(sharded) if s]
         self.offs, self.rows = offs, rows
+        self.local_rows = [i for i, s in enumerate(sharded) if not s]
+        self.shard_rows = [i for i, s in enumerate(sharded) if s]
+        self.local_seqs = varlen.Seqs([offs[i + 1] - offs[i] for i in self.local_rows])
         # global layout of the gathered sharded tokens: for every CP rank, its zigzag blocks in piece order
         self.pieces = [p for p in mb.pieces if p.cp_rank is None and cp > 1]
         self.layout = [[blk for p in self.pieces for blk in zigzag_blocks(p.start, p.stop, cp, r)] for r in range(cp)]
         self.sizes = [sum(b - a for a, b in blocks) for blocks in self.layout]
+        # each sharded row in the compact order of this rank's sharded tokens: (sample, start, stop, at, key count)
+        start_of = {p.sample: p.start for p in self.pieces}
+        self.compact, at = [], 0
+        for i in self.shard_rows:
+            sample, a, b = rows[i]
+            self.compact.append((sample, at, at + b - a, varlen.Seqs([b - a], [b - start_of[sample]])))
+            at += b - a
+        self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]] = {}
 
-    def _local_rows(self, t: torch.Tensor) -> torch.Tensor:
-        idx = [torch.arange(self.offs[i], self.offs[i + 1]) for i in self.shard_rows]
-        return t[torch.cat(idx)] if idx else t[:0]
+    def _indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+        """(local row index, sharded row index, per piece the order of its gathered K/V) on ``device``, made
+        once (one host-to-device copy each)."""
+        got = self._index.get(device)
+        if got is None:
+            def rows_of(ids: list[int]) -> torch.Tensor:
+                parts = [np.arange(self.offs[i], self.offs[i + 1]) for i in ids]
+                return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)).to(device)
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(q)
-        if not self.pieces:
-            for a, b in self.local:
-                out[a:b] = document_attention(q[a:b], k[a:b], v[a:b], [0, b - a])
-            return out
-        kv = torch.cat([self._local_rows(k), self._local_rows(v)], dim=-1)  # [n, kv_heads, 2D]
-        pending = _start_gather(kv, self.group, self.sizes, async_op=True) if self.overlap else None
-        for a, b in self.local:  # local pieces' attention hides the K/V exchange
-            out[a:b] = document_attention(q[a:b], k[a:b], v[a:b], [0, b - a])
-        full = all_gather_seq(kv, self.group, self.sizes, self.rank, pending)
-        keys, vals = self._per_piece(full, k.shape[-1])
-        self._attend_sharded(layer, q, k, v, out, keys, vals)
-        return out
+            got = self._index[device] = (rows_of(self.local_rows), rows_of(self.shard_rows),
+                                         {k: t.to(device) for k, t in self._piece_order().items()})
+        return got
 
-    def _attend_sharded(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                        keys: dict[int, torch.Tensor], vals: dict[int, torch.Tensor]) -> None:
-        """Fill ``out`` for the sharded rows from the gathered per-piece ``keys`` / ``vals`` (a chain overrides)."""
-        self._attend_rows(self.shard_rows, q, out, keys, vals)
-
-    def _attend_rows(self, rows: list[int], q: torch.Tensor, out: torch.Tensor, keys: dict[int, torch.Tensor],
-                     vals: dict[int, torch.Tensor]) -> None:
-        """Each sharded row [a, b) of its piece attends to the piece's keys [start, b), bottom-right causal."""
-        for i in rows:
-            sample, a, b = self.rows[i]
-            piece = next(p for p in self.pieces if p.sample == sample)
-            kp, vp = keys[sample], vals[sample]
-            qa, qb = self.offs[i], self.offs[i + 1]
-            out[qa:qb] = _bottom_right(q[qa:qb], kp[: b - piece.start], vp[: b - piece.start])
-
-    def _per_piece(self, full: torch.Tensor, d: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Reassemble each sharded piece's K and V in token order from the gathered rank-ordered rows."""
+    def _piece_order(self) -> dict[int, torch.Tensor]:
+        """Per sharded piece, the rows of the gathered (rank-ordered) K/V in token order."""
         spans: dict[int, list[tuple[int, int, int]]] = {p.sample: [] for p in self.pieces}
         offset = 0
         for r in range(self.cp):
@@ -222,20 +211,38 @@ class CPAttention:
                 for a, b in zigzag_blocks(p.start, p.stop, self.cp, r):
                     spans[p.sample].append((a, offset, offset + (b - a)))
                     offset += b - a
-        keys, vals = {}, {}
-        for sample, parts in spans.items():
-            parts.sort()
-            idx = torch.cat([torch.arange(lo, hi) for _, lo, hi in parts])
-            rows = full[idx]
-            keys[sample], vals[sample] = rows[..., :d], rows[..., d:]
-        return keys, vals
+        return {sample: torch.from_numpy(np.concatenate([np.arange(lo, hi) for _, lo, hi in sorted(parts)]))
+                for sample, parts in spans.items()}
 
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not self.pieces:  # every row local: the stream is the local documents, in order
+            return varlen.attention(q, k, v, self.local_seqs)
+        local_idx, shard_idx, order = self._indices(q.device)
+        qs, ks, vs = (t.index_select(0, shard_idx) for t in (q, k, v))
+        kv = torch.cat([ks, vs], dim=-1)  # [n, kv_heads, 2D]
+        pending = _start_gather(kv, self.group, self.sizes, async_op=True) if self.overlap else None
+        out = torch.zeros_like(q)
+        if self.local_rows:  # the local pieces' attention hides the K/V exchange
+            lq, lk, lv = (t.index_select(0, local_idx) for t in (q, k, v))
+            out = out.index_copy(0, local_idx, varlen.attention(lq, lk, lv, self.local_seqs))
+        full = all_gather_seq(kv, self.group, self.sizes, self.rank, pending)
+        d = k.shape[-1]
+        keys = {sample: full.index_select(0, idx) for sample, idx in order.items()}
+        o_shard = self._attend_sharded(layer, qs, ks, vs, {s: t[..., :d] for s, t in keys.items()},
+                                       {s: t[..., d:] for s, t in keys.items()})
+        return out.index_copy(0, shard_idx, o_shard)
 
-def _bottom_right(q_thd: torch.Tensor, k_thd: torch.Tensor, v_thd: torch.Tensor) -> torch.Tensor:
-    """Queries that are the last s positions of a [0, n) key range, causal (bottom-right aligned)."""
-    s, n = q_thd.shape[0], k_thd.shape[0]
-    mask = torch.arange(n)[None, :] <= (n - s + torch.arange(s))[:, None]
-    o = F.scaled_dot_product_attention(q_thd.transpose(0, 1)[None], k_thd.transpose(0, 1)[None],
-                                       v_thd.transpose(0, 1)[None], attn_mask=mask,
-                                       enable_gqa=q_thd.shape[1] != k_thd.shape[1])
-    return o[0].transpose(0, 1)
+    def _attend_sharded(self, layer: int, qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
+                        keys: dict[int, torch.Tensor], vals: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The sharded rows' output (compact order) from the gathered per-piece ``keys`` / ``vals`` (a chain
+        overrides)."""
+        return self._attend_rows(self.compact, qs, keys, vals)
+
+    @staticmethod
+    def _attend_rows(rows: list, qs: torch.Tensor, keys: dict[int, torch.Tensor],
+                     vals: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Each sharded row attends to its piece's keys [start, its last token], bottom-right causal: one backend
+        call per row (two per sharded piece), no mask."""
+        outs = [varlen.attention(qs[a:b], keys[sample][:seqs.max_k], vals[sample][:seqs.max_k], seqs)
+                for sample, a, b, seqs in rows]
+        return torch.cat(outs) if outs else qs[:0]

@@ -86,6 +86,19 @@ class Packed:
     cu_seqlens: list[int]
     docs: list[tuple[int, int, int]]
     sample_of_token: torch.Tensor
+    weights: torch.Tensor | None = None  # each token's target weight in the step objective (runtime/loss.py)
+    n_targets: int = 0  # positions with a real target, counted on the host
+
+    def to(self, device: torch.device) -> Packed:
+        """The tensors the model and the loss read, moved to ``device`` in two copies (ids, labels and positions
+        stacked in one; the weights in the other); the host keeps the counts and ``sample_of_token``."""
+        if device.type == "cpu":
+            return self
+        ids = torch.stack([self.input_ids, self.labels, self.position_ids]).to(device)
+        self.input_ids, self.labels, self.position_ids = ids[0], ids[1], ids[2]
+        if self.weights is not None:
+            self.weights = self.weights.to(device)
+        return self
 
     @property
     def tokens(self) -> int:
@@ -95,7 +108,7 @@ class Packed:
     @property
     def targets(self) -> int:
         """Positions with a real target."""
-        return int((self.labels != IGNORE).sum())
+        return self.n_targets
 
 
 def collate(mb: MicroBatch, corpus: Source, effective_length: Callable[[int], int],
@@ -114,8 +127,10 @@ def collate(mb: MicroBatch, corpus: Source, effective_length: Callable[[int], in
         pos.append(np.arange(start, start + width))
         owner.append(np.full(width, sample))
         cu.append(cu[-1] + width)
-    return Packed(input_ids=_cat(ids).long(), labels=_cat(labels).long(), position_ids=_cat(pos).long(),
-                  cu_seqlens=cu, docs=list(spans), sample_of_token=_cat(owner).long())
+    label_t = _cat(labels).long()
+    return Packed(input_ids=_cat(ids).long(), labels=label_t, position_ids=_cat(pos).long(),
+                  cu_seqlens=cu, docs=list(spans), sample_of_token=_cat(owner).long(),
+                  n_targets=int((label_t != IGNORE).sum()))
 
 
 class PlanSampler:

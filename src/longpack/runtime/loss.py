@@ -37,23 +37,28 @@ def step_targets(plan: Plan, step: Step, source: Source) -> dict[int, int]:
 
 
 def token_weights(batch: Packed, targets: dict[int, int], mode: str, total: int | None = None) -> torch.Tensor:
-    """Weight of every token's target in ``batch`` under ``mode`` (0 where there is no target)."""
+    """Weight of every token's target in ``batch`` under ``mode`` (0 where there is no target), made on the
+    batch's labels' device (the host, before the runner moves the batch: runtime/runner.py)."""
     valid = batch.labels != IGNORE
     if mode == "token_mean":
         denom = total if total is not None else sum(targets.values())
-        w = torch.full(batch.labels.shape, 1.0 / max(denom, 1), dtype=torch.float64)
+        w = torch.full(batch.labels.shape, 1.0 / max(denom, 1), dtype=torch.float64, device=batch.labels.device)
     elif mode == "sequence_mean":
         n = sum(1 for t in targets.values() if t > 0)
         per = torch.tensor([1.0 / (n * targets[int(s)]) if targets[int(s)] else 0.0
                             for s in batch.sample_of_token.tolist()], dtype=torch.float64)
-        w = per
+        w = per.to(batch.labels.device)
     else:
         raise ValueError(f"loss mode {mode!r}: choose one of {', '.join(MODES)}")
     return torch.where(valid, w, torch.zeros_like(w))
 
 
-def weighted_loss(logits_tv: torch.Tensor, batch: Packed, weights_t: torch.Tensor) -> torch.Tensor:
-    """Σ weight · cross-entropy over the micro-batch (this rank's contribution to the step objective)."""
+def weighted_loss(logits_tv: torch.Tensor, batch: Packed, weights_t: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ weight · cross-entropy over the micro-batch (this rank's contribution to the step objective); the
+    weights are the batch's own unless given."""
+    weights_t = batch.weights if weights_t is None else weights_t
+    if weights_t is None:
+        raise ValueError("the micro-batch has no token weights (runtime/runner.prepare sets them)")
     labels = batch.labels.clamp_min(0)
     ce = F.cross_entropy(logits_tv, labels, reduction="none")
     return (ce * weights_t.to(ce.dtype)).sum()

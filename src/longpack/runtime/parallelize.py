@@ -24,7 +24,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from .attention import document_attention
+from . import varlen
 from .engine import decoder_layers, forward_logits
 
 __all__ = ["parallelize", "StepSync", "fsdp_modules"]
@@ -74,7 +74,8 @@ class StepSync:
             m.set_requires_gradient_sync(True, recurse=False)
             m.set_reshard_after_backward(True, recurse=False)
         one = torch.zeros(1, dtype=torch.long, device=self.device)
-        attend = lambda _l, q, k, v: document_attention(q, k, v, [0, 1])  # noqa: E731
+        one_token = varlen.Seqs([1])
+        attend = lambda _l, q, k, v: varlen.attention(q, k, v, one_token)  # noqa: E731
         inner = getattr(self.model, "model", None)
         x = None
         if inner is not None and getattr(inner, "embed_tokens", True) is None:  # a later pipeline stage

@@ -41,10 +41,11 @@ from ..sim.pipeline import schedule
 from ..sim.simulate import kept_chunks, pipeline_items
 from .chunked import KVStore, _ChunkPass
 from .context_parallel import CPAttention, rank_pieces
-from .data import Packed, Source, collate
+from .data import Packed, Source
 from .dist import all_reduce_sum
-from .engine import checkpointing, decoder_layers, forward_logits, num_layers
-from .loss import step_targets, token_weights, weighted_loss
+from .engine import decoder_layers, num_layers
+from .loss import step_targets, token_weights
+from .runner import forward_loss, model_device, prepare
 from .sharded_chain import ShardedChainPass, ShardedKVStore
 from .step import _documents, chain_segments
 
@@ -177,7 +178,8 @@ class _StepRun:
     stores: dict[int, Any] = field(default_factory=dict)
     live: dict[int, _Live] = field(default_factory=dict)
     sends: list[Any] = field(default_factory=list)
-    loss: float = 0.0
+    weigh: Any = None  # a micro-batch's token weights (runtime/loss.py)
+    loss: torch.Tensor | None = None  # the last stage's loss share, summed on the device
     tokens: int = 0
     targets: int = 0
 
@@ -240,8 +242,8 @@ class PipelineStage:
     def run_step(self, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: Source,
                  fwd_s: list[float] | None, mode: str, cp: int, cp_rank: int, cp_group: Any,
                  overlap: bool = True) -> tuple[float, int, int]:
-        """Execute this stage's ops of ``step``; returns (loss share, tokens, targets) — nonzero on the last stage
-        only. ``fwd_s``: per micro-batch forward seconds the schedule is made with (any positive estimate; None:
+        """Execute this stage's ops of ``step``; returns (loss share as a device scalar, tokens, targets) — nonzero
+        on the last stage only. ``fwd_s``: per micro-batch forward seconds the schedule is made with (any positive estimate; None:
         the cost model's, :func:`forward_estimates`)."""
         keep = [i for i, mb in enumerate(mbs) if mb.pieces]
         items = pipeline_items(mbs, fwd_s if fwd_s is not None else forward_estimates(mbs, cp, self.cost), plan)
@@ -251,6 +253,7 @@ class PipelineStage:
         targets = step_targets(plan, plan.steps[step], corpus)
         run = _StepRun(plan, mbs, corpus, targets, sum(targets.values()), mode, cp, cp_rank, cp_group, overlap,
                        self._chains(plan, mbs))
+        run.weigh = lambda b: token_weights(b, run.targets_of, run.mode, run.total)
         self.busy, self.ops, t0 = 0.0, [], time.perf_counter()
         run.parts = {i: rank_pieces(mbs[i], cp, cp_rank) if cp > 1 else ([], []) for i in keep}
         for kind, j, _, _ in sched.ops[self.stage]:
@@ -272,7 +275,8 @@ class PipelineStage:
             self.ops.append((kind, j, start - t0, end - t0))
         for handle, _ in run.sends:
             handle.wait()
-        return run.loss, run.tokens, run.targets
+        loss = run.loss if run.loss is not None else torch.zeros((), dtype=torch.float64, device=self.device)
+        return loss, run.tokens, run.targets
 
     def _forward_op(self, run: _StepRun, kind: str, i: int, j: int, x: torch.Tensor | None, rows: list,
                     sharded: list) -> None:
@@ -283,22 +287,21 @@ class PipelineStage:
             x = kept.detach().requires_grad_() if kept is not None else None
         batch = run.batches.get(i)
         if batch is None:
-            batch = collate(mb, run.corpus, run.plan.effective_length, pieces=rows if run.cp > 1 else None)
+            batch = prepare(mb, run.corpus, run.plan.effective_length, run.weigh, self.device,
+                            pieces=rows if run.cp > 1 else None)
             run.batches[i] = batch
         chain = run.chains.get(i)
         attend = self._attend(mb, batch, chain, run.stores, run.cp, run.cp_rank, run.group, rows, sharded,
                               run.overlap)
         grad_on = kind == "R" or not mb.recompute
         with torch.set_grad_enabled(grad_on):
-            out = self._forward(mb, batch, x, attend)
-            if self.last:
-                out = weighted_loss(out, batch, token_weights(batch, run.targets_of, run.mode, run.total))
+            out = forward_loss(self.model, batch, attend, mb.ckpt_layers, hidden=x, head=self.last)
         if kind == "F":
             if chain is not None:
                 for layer, (kk, vv) in sorted(attend.own.items()):
                     run.stores[chain[0]].append(layer, kk, vv)
             if self.last:
-                run.loss += float(out.detach())
+                run.loss = out.detach() if run.loss is None else run.loss + out.detach()
                 run.tokens += batch.tokens
                 run.targets += batch.targets
             else:
@@ -332,6 +335,7 @@ class PipelineStage:
         simulator's for the same micro-batches."""
         vals = torch.zeros((5, world), dtype=torch.float64)
         vals[:, rank] = torch.tensor([self.busy, self.useful, self.span, self.simulated_bubble, self.simulated_busy])
+        vals = vals.to(self.device)  # a collective of the step's backend: on the device (NCCL takes no host tensor)
         all_reduce_sum([vals])
         busy, useful, span, sim, sim_busy = vals.tolist()
         n, pp = self.layout.n, self.layout.pp
@@ -362,12 +366,12 @@ class PipelineStage:
             return ShardedChainPass(mb, cp, cp_rank, group, rows, sharded, sample, index, stores[sample], overlap)
         return _ChunkPass(batch, sample, index, stores[sample])
 
-    def _forward(self, mb: MicroBatch, batch: Packed, x: torch.Tensor | None, attend: Any) -> torch.Tensor:
-        with checkpointing(self.model, mb.ckpt_layers):
-            return forward_logits(self.model, batch.input_ids, batch.position_ids, attend, hidden=x)
+    @property
+    def device(self) -> torch.device:
+        return model_device(self.model)
 
     def _recv(self, shape: Any, src: int, tag: int) -> torch.Tensor:
-        buf = torch.empty(tuple(shape), dtype=self.dtype)
+        buf = torch.empty(tuple(shape), dtype=self.dtype, device=self.device)
         dist.recv(buf, src=src, tag=tag)
         return buf
 

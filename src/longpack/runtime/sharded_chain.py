@@ -11,9 +11,9 @@ What the chain adds is the state of the earlier chunks:
   used as it arrives). The block is not kept for backward: backward gathers it again, takes the flash backward of
   the rank's queries against it, all-reduces the block's dK/dV over the group and adds each rank's own rows into
   its accumulators. So no rank ever holds more than one layer's full prefix at a time.
-* **Own chunk.** Query block [a, b) of the chunk sees the chunk's keys [s0, a) fully and [a, b) causally; both
-  parts are merged with the prefix by log-sum-exp (runtime/blockwise.py), and their gradients go back through the
-  chunk's all-gather.
+* **Own chunk.** Query block [a, b) of the chunk sees [the gathered prefix | the chunk's keys [s0, b)],
+  bottom-right causal: one sequence of the attention backend (runtime/varlen.py) per block, both blocks in one
+  call; the chunk keys' gradients go back through the chunk's all-gather.
 * **Order.** runtime/chunked.py drives the chain: forward ascending, backward descending, the last K chunks kept
   and the rest recomputed; a chunk's backward injects its accumulators into its own rows' K/V.
 
@@ -29,18 +29,10 @@ import torch
 import torch.distributed as dist
 
 from ..plan import MicroBatch
-from .blockwise import _block_backward, _merged
+from . import varlen
 from .context_parallel import CPAttention, zigzag_blocks
 
 __all__ = ["ShardedKVStore", "ShardedChainPass"]
-
-
-def _bhsd(x_thd: torch.Tensor) -> torch.Tensor:
-    return x_thd.transpose(0, 1)[None].contiguous()
-
-
-def _thd(x_bhsd: torch.Tensor) -> torch.Tensor:
-    return x_bhsd[0].transpose(0, 1).contiguous()
 
 
 class ShardedKVStore:
@@ -65,7 +57,7 @@ class ShardedKVStore:
         return [sum(self.sizes[c][r] for c in range(chunk)) for r in range(self.cp)]
 
     def gather(self, layer: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Every rank's stored K/V of chunks < ``chunk`` as one [1, kv_heads, n, D] block each (collective)."""
+        """Every rank's stored K/V of chunks < ``chunk`` as one [n, kv_heads, D] block each (collective)."""
         if chunk == 0:
             return None
         mine = torch.cat([torch.cat([k, v], -1) for k, v, _, _ in self.blocks[layer][:chunk]])
@@ -76,11 +68,11 @@ class ShardedKVStore:
         dist.all_gather(bufs, send.contiguous(), group=self.group)
         full = torch.cat([b[:n] for b, n in zip(bufs, totals, strict=True)])
         d = full.shape[-1] // 2
-        return _bhsd(full[..., :d]), _bhsd(full[..., d:])
+        return full[..., :d], full[..., d:]
 
     def reduce(self, layer: int, chunk: int, dk: torch.Tensor, dv: torch.Tensor) -> None:
         """Sum the gathered prefix's gradient over the group and add this rank's rows into its accumulators."""
-        grad = torch.cat([_thd(dk), _thd(dv)], -1)
+        grad = torch.cat([dk, dv], -1)
         dist.all_reduce(grad, group=self.group)
         totals = self._totals(chunk)
         offset = sum(totals[: self.rank])
@@ -92,60 +84,61 @@ class ShardedKVStore:
             offset += n
 
 
+def _keys(prefix: tuple[torch.Tensor, torch.Tensor] | None, kc: torch.Tensor, vc: torch.Tensor,
+          spans: list[tuple[int, int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per span, [the gathered prefix | the chunk's keys up to the span's last query], concatenated."""
+    ks, vs = [], []
+    for _, _, _, kz in spans:
+        ks += ([prefix[0]] if prefix is not None else []) + [kc[:kz]]
+        vs += ([prefix[1]] if prefix is not None else []) + [vc[:kz]]
+    return torch.cat(ks), torch.cat(vs)
+
+
+def _seqs(prefix: tuple[torch.Tensor, torch.Tensor] | None, spans: list[tuple[int, int, int, int]]) -> varlen.Seqs:
+    p = prefix[0].shape[0] if prefix is not None else 0
+    return varlen.Seqs([qz - qa for qa, qz, _, _ in spans], [p + kz for _, _, _, kz in spans])
+
+
 class _ChainAttention(torch.autograd.Function):
-    """This rank's query rows of the chain's chunk over the chunk's gathered keys (per span: [0, ka) visible,
-    [ka, kb) causal) and the gathered prefix of earlier chunks."""
+    """This rank's query rows of the chain's chunk over the gathered prefix of earlier chunks and the chunk's
+    gathered keys up to each row's end: one span a sequence of the attention backend, bottom-right causal. The
+    prefix is gathered again in backward rather than kept."""
 
     @staticmethod
     def forward(ctx, q, k_chunk, v_chunk, spans, store, layer, chunk):  # type: ignore[override]
-        qb, kc, vc = _bhsd(q), _bhsd(k_chunk), _bhsd(v_chunk)
         prefix = store.gather(layer, chunk)
-        outs, lses = [], []
-        for qa, qz, ka, kz in spans:
-            blocks = [(kc[:, :, :ka].contiguous(), vc[:, :, :ka].contiguous(), None, None)] if ka else []
-            if prefix is not None:
-                blocks.append((*prefix, None, None))
-            o, lse = _merged(qb[:, :, qa:qz].contiguous(), kc[:, :, ka:kz].contiguous(),
-                             vc[:, :, ka:kz].contiguous(), blocks, True, None)
-            outs.append(o)
-            lses.append(lse)
-        if not spans:  # this rank holds no token of a short chunk; it still takes part in the prefix exchange
-            outs, lses = [qb[:, :, :0]], [qb.new_zeros(qb.shape[:3], dtype=torch.float32)]
-        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)
-        ctx.save_for_backward(qb, kc, vc, out, lse)
+        if spans:
+            seqs = _seqs(prefix, spans)
+            out, lse = varlen.forward(q, *_keys(prefix, k_chunk, v_chunk, spans), seqs)
+        else:  # this rank holds no token of a short chunk; it still takes part in the prefix exchange
+            out, lse = q[:0].clone(), q.new_zeros((q.shape[1], 0), dtype=torch.float32)
+        ctx.save_for_backward(q, k_chunk, v_chunk, out, lse)
         ctx.spans, ctx.store, ctx.layer, ctx.chunk = spans, store, layer, chunk
-        return _thd(out)
+        return out
 
     @staticmethod
     def backward(ctx, do):  # type: ignore[override]
-        qb, kc, vc, out, lse = ctx.saved_tensors
-        do = _bhsd(do.to(qb.dtype))
-        dq, dk, dv = torch.zeros_like(qb), torch.zeros_like(kc), torch.zeros_like(vc)
+        q, kc, vc, out, lse = ctx.saved_tensors
         prefix = ctx.store.gather(ctx.layer, ctx.chunk)
+        dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
+        dq = torch.zeros_like(q)
         dkp = dvp = None
-        for qa, qz, ka, kz in ctx.spans:
-            part = [t[:, :, qa:qz].contiguous() for t in (do, qb, out)]
-            lse_s = lse[:, :, qa:qz].contiguous()
-            g = _block_backward(*part[:2], kc[:, :, ka:kz].contiguous(), vc[:, :, ka:kz].contiguous(), part[2],
-                                lse_s, True, None)
-            dq[:, :, qa:qz] += g[0]
-            dk[:, :, ka:kz] += g[1]
-            dv[:, :, ka:kz] += g[2]
-            if ka:
-                g = _block_backward(*part[:2], kc[:, :, :ka].contiguous(), vc[:, :, :ka].contiguous(), part[2],
-                                    lse_s, False, None)
-                dq[:, :, qa:qz] += g[0]
-                dk[:, :, :ka] += g[1]
-                dv[:, :, :ka] += g[2]
-            if prefix is not None:
-                g = _block_backward(*part[:2], *prefix, part[2], lse_s, False, None)
-                dq[:, :, qa:qz] += g[0]
-                dkp = g[1] if dkp is None else dkp + g[1]
-                dvp = g[2] if dvp is None else dvp + g[2]
         if prefix is not None:
-            zero = torch.zeros_like(prefix[0])
-            ctx.store.reduce(ctx.layer, ctx.chunk, zero if dkp is None else dkp, zero if dvp is None else dvp)
-        return _thd(dq), _thd(dk), _thd(dv), None, None, None, None
+            dkp, dvp = torch.zeros_like(prefix[0]), torch.zeros_like(prefix[1])
+        if ctx.spans:
+            seqs = _seqs(prefix, ctx.spans)
+            dq, dks, dvs = varlen.backward(do.to(q.dtype), q, *_keys(prefix, kc, vc, ctx.spans), out, lse, seqs)
+            at, p = 0, 0 if prefix is None else prefix[0].shape[0]
+            for _, _, _, kz in ctx.spans:
+                if prefix is not None:
+                    dkp += dks[at:at + p]
+                    dvp += dvs[at:at + p]
+                dk[:kz] += dks[at + p:at + p + kz]
+                dv[:kz] += dvs[at + p:at + p + kz]
+                at += p + kz
+        if prefix is not None:
+            ctx.store.reduce(ctx.layer, ctx.chunk, dkp, dvp)
+        return dq, dk, dv, None, None, None, None
 
 
 class ShardedChainPass(CPAttention):
@@ -160,29 +153,24 @@ class ShardedChainPass(CPAttention):
         piece = next(p for p in self.pieces if p.sample == sample)
         store.sizes.setdefault(index, [sum(b - a for a, b in zigzag_blocks(piece.start, piece.stop, cp, r))
                                        for r in range(cp)])
-        self.chain_rows = [i for i in self.shard_rows if rows[i][0] == sample]
-        self.start = piece.start
+        # the chain's rows are consecutive in the compact sharded order (rank_pieces keeps a piece's blocks
+        # together): [lo, hi) there; each row a span (query rows, first and last key of the chunk it sees)
+        chain = [(at, end, rows[i][1], rows[i][2]) for i, (smp, at, end, _) in zip(self.shard_rows, self.compact,
+                                                                                   strict=True) if smp == sample]
+        self.lo = chain[0][0] if chain else 0
+        self.hi = chain[-1][1] if chain else 0
+        self.spans = [(at - self.lo, end - self.lo, a - piece.start, b - piece.start) for at, end, a, b in chain]
+        self.others = [row for row in self.compact if row[0] != sample]
         # per layer, this rank's rows of the chunk's K/V from the first forward (where later chunks' gradients go)
         self.own: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _own_rows(self, t: torch.Tensor) -> torch.Tensor:
-        if not self.chain_rows:
-            return t[:0]
-        return t[torch.cat([torch.arange(self.offs[i], self.offs[i + 1]) for i in self.chain_rows])]
-
-    def _attend_sharded(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                        keys: dict[int, torch.Tensor], vals: dict[int, torch.Tensor]) -> None:
-        self.own.setdefault(layer, (self._own_rows(k), self._own_rows(v)))
-        others = [i for i in self.shard_rows if i not in self.chain_rows]
-        self._attend_rows(others, q, out, keys, vals)
-        spans, at = [], 0
-        for i in self.chain_rows:
-            _, a, b = self.rows[i]
-            spans.append((at, at + b - a, a - self.start, b - self.start))
-            at += b - a
-        o = _ChainAttention.apply(self._own_rows(q), keys[self.sample], vals[self.sample], spans, self.store,
-                                  layer, self.index)
-        for (qa, qz, _, _), i in zip(spans, self.chain_rows, strict=True):
-            out[self.offs[i]:self.offs[i + 1]] = o[qa:qz]
-        if not spans:
-            out[:0] = o  # keeps the (empty) output in the graph: its backward takes part in the prefix exchange
+    def _attend_sharded(self, layer: int, qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
+                        keys: dict[int, torch.Tensor], vals: dict[int, torch.Tensor]) -> torch.Tensor:
+        lo, hi = self.lo, self.hi
+        self.own.setdefault(layer, (ks[lo:hi], vs[lo:hi]))
+        o = _ChainAttention.apply(qs[lo:hi], keys[self.sample], vals[self.sample], self.spans, self.store, layer,
+                                  self.index)
+        before = [row for row in self.others if row[2] <= lo]
+        after = [row for row in self.others if row[1] >= hi]
+        parts = [self._attend_rows(before, qs, keys, vals), o, self._attend_rows(after, qs, keys, vals)]
+        return torch.cat(parts)

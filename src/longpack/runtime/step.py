@@ -17,20 +17,22 @@ from typing import Any
 import torch
 
 from ..plan import MicroBatch, Plan
-from .attention import document_attention
+from . import varlen
 from .chunked import drive_chain, run_chain
 from .context_parallel import CPAttention, rank_pieces
-from .data import Source, collate
-from .engine import checkpointing, forward_logits, num_layers
-from .loss import step_targets, token_weights, weighted_loss
+from .data import Source
+from .engine import num_layers
+from .loss import step_targets, token_weights
+from .runner import forward_loss, model_device, prepare
 from .sharded_chain import ShardedChainPass, ShardedKVStore
 
 __all__ = ["run_micro_batches", "check_runnable", "check_step", "chain_segments"]
 
 
 def _documents(cu: list[int]):  # noqa: ANN202
-    """The model's ``attend`` callback for one packed micro-batch of whole documents."""
-    return lambda _layer, q, k, v: document_attention(q, k, v, cu)
+    """The model's ``attend`` callback for one packed micro-batch of whole documents (offsets made once)."""
+    seqs = varlen.Seqs.of_offsets(cu)
+    return lambda _layer, q, k, v: varlen.attention(q, k, v, seqs)
 
 
 def _chain_segment(plan: Plan, mbs: tuple[MicroBatch, ...], i: int) -> tuple[int, int] | None:
@@ -68,44 +70,38 @@ def chain_segments(plan: Plan, mbs: tuple[MicroBatch, ...]) -> dict[int, tuple[i
 
 
 def _cp_one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of, cp: int, cp_rank: int, group,
-            overlap: bool) -> tuple[float, int, int]:  # noqa: ANN001
+            overlap: bool, device: torch.device) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
     """One micro-batch on one rank of a CP group of ``cp``: local pieces whole, a zigzag share of every sharded
     piece, K/V all-gathered."""
     rows, sharded = rank_pieces(mb, cp, cp_rank)
     if not rows:
-        return 0.0, 0, 0  # this rank holds nothing of the micro-batch and takes part in no exchange (check_runnable)
-    batch = collate(mb, corpus, plan.effective_length, pieces=rows)
-    attend = CPAttention(mb, cp, cp_rank, group, rows, sharded, overlap=overlap)
-    with checkpointing(model, mb.ckpt_layers):
-        logits = forward_logits(model, batch.input_ids, batch.position_ids, attend)
-    loss = weighted_loss(logits, batch, weights_of(batch))
+        return None, 0, 0  # this rank holds nothing of the micro-batch and takes part in no exchange (check_runnable)
+    batch = prepare(mb, corpus, plan.effective_length, weights_of, device, pieces=rows)
+    loss = forward_loss(model, batch, CPAttention(mb, cp, cp_rank, group, rows, sharded, overlap=overlap),
+                        mb.ckpt_layers)
     loss.backward()
-    return float(loss.detach()), batch.tokens, batch.targets
+    return loss.detach(), batch.tokens, batch.targets
 
 
 def _one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of,
-         device: torch.device | None) -> tuple[float, int, int]:  # noqa: ANN001
+         device: torch.device) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
     """One micro-batch of whole documents on one rank (CP degree 1)."""
-    batch = collate(mb, corpus, plan.effective_length)
-    if device is not None and device.type != "cpu":
-        batch.input_ids, batch.labels = batch.input_ids.to(device), batch.labels.to(device)
-        batch.position_ids = batch.position_ids.to(device)
-    with checkpointing(model, mb.ckpt_layers):
-        logits = forward_logits(model, batch.input_ids, batch.position_ids, _documents(batch.cu_seqlens))
-    loss = weighted_loss(logits, batch, weights_of(batch).to(logits.device))
+    batch = prepare(mb, corpus, plan.effective_length, weights_of, device)
+    loss = forward_loss(model, batch, _documents(batch.cu_seqlens), mb.ckpt_layers)
     loss.backward()
-    return float(loss.detach()), batch.tokens, batch.targets
+    return loss.detach(), batch.tokens, batch.targets
 
 
 def _cp_chain(model: Any, plan: Plan, seg: list[MicroBatch], sample: int, corpus: Source, weights_of, cp: int,
-              cp_rank: int, group, overlap: bool) -> tuple[float, int, int]:  # noqa: ANN001
+              cp_rank: int, group, overlap: bool, device: torch.device
+              ) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
     """One chain of chunks sharded over the CP group, on this rank."""
     store = ShardedKVStore(num_layers(model), group, cp, cp_rank)
     parts = [rank_pieces(mb, cp, cp_rank) for mb in seg]
-    batches = [collate(mb, corpus, plan.effective_length, pieces=rows) for mb, (rows, _) in zip(seg, parts,
-                                                                                               strict=True)]
+    batches = [prepare(mb, corpus, plan.effective_length, weights_of, device, pieces=rows)
+               for mb, (rows, _) in zip(seg, parts, strict=True)]
     return drive_chain(model, seg, batches, lambda j: ShardedChainPass(seg[j], cp, cp_rank, group, *parts[j],
-                                                                       sample, j, store, overlap), store, weights_of)
+                                                                       sample, j, store, overlap), store)
 
 
 def check_runnable(plan: Plan) -> None:
@@ -155,32 +151,34 @@ def _check_cp_micro_batch(plan: Plan, mb: MicroBatch, cp: int, where: str) -> No
 
 def run_micro_batches(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: Source,
                       *, mode: str = "token_mean", device: torch.device | None = None, cp_rank: int = 0,
-                      cp_group=None, overlap: bool = True, cp: int | None = None) -> tuple[float, int, int]:  # noqa: ANN001
-    """Backpropagate this rank's micro-batches of ``step``; returns (its share of the step loss, its tokens, its
-    real targets).
+                      cp_group=None, overlap: bool = True, cp: int | None = None
+                      ) -> tuple[torch.Tensor, int, int]:  # noqa: ANN001
+    """Backpropagate this rank's micro-batches of ``step``; returns (its share of the step loss, a device scalar
+    summed over the micro-batches and read by the caller once per step; its tokens; its real targets).
     In a step with CP degree > 1, ``cp_rank`` and ``cp_group`` say which share this rank runs and with whom;
     ``cp``: the degree of this rank's group (default the step's; a step on groups of several sizes has one per
-    replica, :meth:`Step.position`)."""
+    replica, :meth:`Step.position`). ``device``: where the batches go (default: the model's)."""
     targets = step_targets(plan, plan.steps[step], corpus)
     total = sum(targets.values())
     cp = plan.steps[step].cp if cp is None else cp
+    dev = model_device(model) if device is None else device
 
     def weights_of(b: Any) -> torch.Tensor:
         return token_weights(b, targets, mode, total)
 
     if cp > 1:
-        def chain_of(seg: list[MicroBatch], sample: int) -> tuple[float, int, int]:
-            return _cp_chain(model, plan, seg, sample, corpus, weights_of, cp, cp_rank, cp_group, overlap)
+        def chain_of(seg: list[MicroBatch], sample: int) -> tuple[torch.Tensor | None, int, int]:
+            return _cp_chain(model, plan, seg, sample, corpus, weights_of, cp, cp_rank, cp_group, overlap, dev)
 
-        def one(mb: MicroBatch) -> tuple[float, int, int]:
-            return _cp_one(model, plan, mb, corpus, weights_of, cp, cp_rank, cp_group, overlap)
+        def one(mb: MicroBatch) -> tuple[torch.Tensor | None, int, int]:
+            return _cp_one(model, plan, mb, corpus, weights_of, cp, cp_rank, cp_group, overlap, dev)
     else:
-        def chain_of(seg: list[MicroBatch], sample: int) -> tuple[float, int, int]:
-            return run_chain(model, plan, seg, sample, corpus, weights_of)
+        def chain_of(seg: list[MicroBatch], sample: int) -> tuple[torch.Tensor | None, int, int]:
+            return run_chain(model, plan, seg, sample, corpus, weights_of, dev)
 
-        def one(mb: MicroBatch) -> tuple[float, int, int]:
-            return _one(model, plan, mb, corpus, weights_of, device)
-    loss_sum, tokens, n_targets = 0.0, 0, 0
+        def one(mb: MicroBatch) -> tuple[torch.Tensor | None, int, int]:
+            return _one(model, plan, mb, corpus, weights_of, dev)
+    loss_sum, tokens, n_targets = torch.zeros((), dtype=torch.float64, device=dev), 0, 0
     chains = chain_segments(plan, mbs)
     i = 0
     while i < len(mbs):
@@ -189,7 +187,9 @@ def run_micro_batches(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, 
             part = chain_of(list(mbs[i:last + 1]), sample)
             i = last + 1
         else:
-            part = one(mbs[i]) if mbs[i].pieces else (0.0, 0, 0)
+            part = one(mbs[i]) if mbs[i].pieces else (None, 0, 0)
             i += 1
-        loss_sum, tokens, n_targets = loss_sum + part[0], tokens + part[1], n_targets + part[2]
+        if part[0] is not None:
+            loss_sum += part[0]
+        tokens, n_targets = tokens + part[1], n_targets + part[2]
     return loss_sum, tokens, n_targets

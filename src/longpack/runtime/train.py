@@ -291,7 +291,10 @@ def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: So
         else:
             loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode,
                                                       device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
-    stats = torch.tensor([loss, float(tokens), float(targets)], dtype=torch.float64)
+    # the step's statistics stay on the device (NCCL takes no host tensor): read once, after the reduction
+    stats = torch.stack([loss.to(torch.float64).reshape(()),
+                         torch.tensor(float(tokens), dtype=torch.float64, device=loss.device),
+                         torch.tensor(float(targets), dtype=torch.float64, device=loss.device)])
     if sync is not None:
         sync.end()
         all_reduce_sum([stats])
@@ -318,11 +321,12 @@ def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: So
 def _memory(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float,
             prank: int) -> dict[str, Any]:
     on_gpu = ctx.device.type == "cuda"
-    measured = torch.zeros(ctx.world, dtype=torch.float64)
-    predicted = torch.zeros(ctx.world, dtype=torch.float64)
-    measured[ctx.rank] = float(torch.cuda.max_memory_allocated(ctx.device)) if on_gpu else measured_cpu
-    predicted[ctx.rank] = _rank_prediction(plan, step, prank, cost, activations_only=not on_gpu)
-    all_reduce_sum([measured, predicted])
+    both = torch.zeros((2, ctx.world), dtype=torch.float64)
+    both[0, ctx.rank] = float(torch.cuda.max_memory_allocated(ctx.device)) if on_gpu else measured_cpu
+    both[1, ctx.rank] = _rank_prediction(plan, step, prank, cost, activations_only=not on_gpu)
+    both = both.to(ctx.device)  # one collective on the device, read once
+    all_reduce_sum([both])
+    measured, predicted = both.cpu()
     return {"what": "cuda max_memory_allocated" if on_gpu else "activations held for backward",
             "measured_bytes": [int(x) for x in measured.tolist()],
             "predicted_bytes": [int(x) for x in predicted.tolist()]}
@@ -390,7 +394,8 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         opt.step()
         opt.zero_grad(set_to_none=True)
         waited = sampler.waited + (header if not records else 0.0)
-        rec = {"step": step, "loss": float(stats[0]), "tokens": int(stats[1]), "targets": int(stats[2]),
+        loss_v, tokens_v, targets_v = stats.tolist()  # the step's one read of the device
+        rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v),
                "step_seconds": time.perf_counter() - t0, "planner_wait_seconds": waited,
                "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
         if pipe is not None:

@@ -1,0 +1,54 @@
+"""The one micro-batch runner: collate -> the model's device -> attention callback -> forward -> loss.
+
+Every execution path runs its micro-batches through these two functions — whole documents (runtime/step.py), a CP
+rank's share (runtime/context_parallel.py), a chunk of a chain at CP 1 or sharded (runtime/chunked.py,
+runtime/sharded_chain.py), a pipeline stage (runtime/pipeline.py) and so the Trainer (longpack.hf) — and they
+differ only in the ``attend`` callback they pass:
+
+* :func:`prepare` collates the pieces on the host (ids, next-token targets, positions, document offsets), weighs
+  every target there (runtime/loss.py: the step's exact normaliser, known from the plan), and moves the tensors
+  the model and the loss read to the model's device in two copies. Nothing of the micro-batch is left on the host
+  for the device to read later, and the host keeps what it needs (counts, offsets) as ints.
+* :func:`forward_loss` runs the model with the callback and the micro-batch's checkpointed layers and returns
+  Σ weight · cross-entropy as a device scalar (or, on a pipeline stage without the head, the hidden states).
+
+Host syncs: none here; a step's losses are summed on the device and read once per step (runtime/train.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..plan import MicroBatch
+from .data import Packed, Source, collate
+from .engine import checkpointing, forward_logits
+from .loss import weighted_loss
+
+__all__ = ["prepare", "forward_loss", "model_device"]
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of the model's parameters (a stage model's first parameter; CPU for a model with none)."""
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def prepare(mb: MicroBatch, source: Source, effective_length: Callable[[int], int],
+            weigh: Callable[[Packed], torch.Tensor], device: torch.device,
+            pieces: list[tuple[int, int, int]] | None = None) -> Packed:
+    """``mb`` (or this rank's ``pieces`` of it) as tensors on ``device``, each target weighed by ``weigh``."""
+    batch = collate(mb, source, effective_length, pieces=pieces)
+    batch.weights = weigh(batch)
+    return batch.to(device)
+
+
+def forward_loss(model: Any, batch: Packed, attend: Any, ckpt_layers: int = 0, hidden: torch.Tensor | None = None,
+                 head: bool = True) -> torch.Tensor:
+    """This micro-batch's Σ weight · cross-entropy (a device scalar, with its graph when grad is on); ``hidden``:
+    a later pipeline stage's input; ``head=False``: return the stage's output hidden states instead."""
+    with checkpointing(model, ckpt_layers):
+        out = forward_logits(model, batch.input_ids, batch.position_ids, attend, hidden=hidden)
+    return weighted_loss(out, batch) if head else out
