@@ -241,10 +241,10 @@ class PipelineStage:
 
     def run_step(self, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: Source,
                  fwd_s: list[float] | None, mode: str, cp: int, cp_rank: int, cp_group: Any,
-                 overlap: bool = True) -> tuple[float, int, int]:
+                 overlap: bool = True) -> tuple[torch.Tensor, int, int]:
         """Execute this stage's ops of ``step``; returns (loss share as a device scalar, tokens, targets) — nonzero
-        on the last stage only. ``fwd_s``: per micro-batch forward seconds the schedule is made with (any positive estimate; None:
-        the cost model's, :func:`forward_estimates`)."""
+        on the last stage only. ``fwd_s``: per micro-batch forward seconds the schedule is made with (any positive
+        estimate; None: the cost model's, :func:`forward_estimates`)."""
         keep = [i for i, mb in enumerate(mbs) if mb.pieces]
         items = pipeline_items(mbs, fwd_s if fwd_s is not None else forward_estimates(mbs, cp, self.cost), plan)
         sched = schedule(items, self.pp, k=kept_chunks(mbs, plan))
@@ -337,7 +337,7 @@ class PipelineStage:
         vals[:, rank] = torch.tensor([self.busy, self.useful, self.span, self.simulated_bubble, self.simulated_busy])
         vals = vals.to(self.device)  # a collective of the step's backend: on the device (NCCL takes no host tensor)
         all_reduce_sum([vals])
-        busy, useful, span, sim, sim_busy = vals.tolist()
+        busy, useful, span, sim, sim_busy = vals.cpu().tolist()  # one read of the device
         n, pp = self.layout.n, self.layout.pp
         makespan = [max(span[s * n + r] for s in range(pp)) for r in range(n)]
         measured = [1.0 - sum(useful[s * n + r] for s in range(pp)) / (pp * makespan[r]) if makespan[r] > 0 else 0.0

@@ -1,0 +1,152 @@
+"""Run the runtime's execution paths on fake CUDA tensors (longpack.runtime.fakegpu) and print what the device
+check saw, one JSON object: {scenario: {"violations": [...], "error": str | None, "counts": {...}}}.
+
+Its own process: the fake CUDA device must be registered before torch is imported. Usage:
+``python gpu_ready_worker.py SCENARIO [SCENARIO ...]`` (names in ``SCENARIOS``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from longpack.runtime import fakegpu
+
+fakegpu.activate()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from dist_workers import SPEC, make_plan, sharded_chain_plan  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+from longpack.model import ModelSpec  # noqa: E402
+from longpack.plan import MicroBatch, Piece, Plan, Replica, Step  # noqa: E402
+from longpack.runtime.context_parallel import CPGroups  # noqa: E402
+from longpack.runtime.data import SyntheticCorpus  # noqa: E402
+from longpack.runtime.hf_model import build  # noqa: E402
+from longpack.runtime.step import run_micro_batches  # noqa: E402
+
+WORLD = 2
+CUDA = torch.device("cuda", 0)
+
+
+def _model(spec: ModelSpec = SPEC) -> torch.nn.Module:
+    """The engine's transformers model, bf16, built on meta and placed on the fake device."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.device("meta"):  # real meta parameters, then fake ones on the device
+        model = build(spec, 0, torch.bfloat16)
+    return model.to_empty(device=CUDA).train()
+
+
+def _run(plan: Plan, cp: int = 1, model: torch.nn.Module | None = None) -> None:
+    model = model or _model()
+    groups = CPGroups.for_plan(plan, WORLD) if cp > 1 else None
+    c, cp_rank, group = groups.of(plan.steps[0], 0) if groups else (1, 0, None)
+    mbs = plan.steps[0].replicas[0].micro_batches
+    loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank,
+                                 cp_group=group, cp=c)
+    assert loss.device == CUDA, loss.device
+
+
+def documents() -> None:
+    _run(make_plan("isf", 1))
+
+
+def cp2_sharded() -> None:
+    plan = make_plan("fixed_cp", 1, cp=2)
+    assert any(p.cp_rank is None for *_, p in plan.iter_pieces()), "no sharded piece in the plan"
+    _run(plan, cp=2)
+
+
+def chain_cp1() -> None:
+    _run(sharded_chain_plan(1, cp=1))
+
+
+def chain_cp2() -> None:
+    _run(sharded_chain_plan(1, cp=2), cp=2)
+
+
+def _pipeline(stage: int) -> None:
+    from longpack.runtime.pipeline import Layout, PipelineStage, split_model
+
+    layout = Layout.build(stage, WORLD, 2, tied=False)
+    model = split_model(_model(), stage, 2)
+    pipe = PipelineStage(model, layout, stage, SPEC.hidden, torch.bfloat16)
+    plan = make_plan("isf", 1)
+    mbs = plan.steps[0].replicas[0].micro_batches
+    pipe.run_step(plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), [1.0] * len(mbs), "token_mean", 1, 0, None)
+    pipe.record(WORLD, stage)
+
+
+def pp2_first_stage() -> None:
+    _pipeline(0)
+
+
+def pp2_last_stage() -> None:
+    _pipeline(1)
+
+
+def step_no_fsdp() -> None:
+    """train.run_step without FSDP: the gradients and the step's statistics all-reduced (world 2)."""
+    from longpack.runtime.dist import DistContext
+    from longpack.runtime.train import run_step
+
+    plan = make_plan("isf", 2)
+    ctx = DistContext(rank=0, world=WORLD, device=CUDA)
+    stats, _ = run_step(_model(), plan, 0, plan.steps[0].replicas[0].micro_batches,
+                        SyntheticCorpus(SPEC.vocab, seed=0), ctx, None, "token_mean", None)
+    assert stats.device == CUDA
+
+
+def cpu_weights_bug() -> None:
+    """The token weights left on the host (the bug this harness exists for): the check must catch it."""
+    from longpack.runtime import data
+
+    def moved_but_weights(self, device):  # noqa: ANN001, ANN202
+        ids = torch.stack([self.input_ids, self.labels, self.position_ids]).to(device)
+        self.input_ids, self.labels, self.position_ids = ids[0], ids[1], ids[2]
+        return self
+
+    good = data.Packed.to
+    data.Packed.to = moved_but_weights
+    try:
+        documents()
+    finally:
+        data.Packed.to = good
+
+
+def _syncs(layers: int, docs: int) -> None:
+    """One micro-batch of ``docs`` documents of 24 tokens on a model of ``layers`` layers."""
+    spec = ModelSpec(name="sync", layers=layers, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, vocab=61,
+                     qkv_bias=True)
+    mb = MicroBatch(tuple(Piece(s, 0, 24, 0) for s in range(docs)))
+    plan = Plan("syncs", 1, {s: 24 for s in range(docs)}, (Step(cp=1, token_cap=24 * docs,
+                                                                 replicas=(Replica((mb,)),)),))
+    _run(plan, model=_model(spec))
+
+
+SCENARIOS = {f.__name__: f for f in (documents, cp2_sharded, chain_cp1, chain_cp2, pp2_first_stage, pp2_last_stage,
+                                     step_no_fsdp, cpu_weights_bug)}
+for _layers in (2, 8):
+    for _docs in (4, 64):
+        SCENARIOS[f"syncs_{_layers}_layers_{_docs}_docs"] = (lambda a, b: lambda: _syncs(a, b))(_layers, _docs)
+
+
+def main(names: list[str]) -> None:
+    dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
+    out = {}
+    for name in names:
+        check = fakegpu.DeviceCheck()
+        error = None
+        try:
+            with check:
+                SCENARIOS[name]()
+        except Exception as exc:  # noqa: BLE001  (reported, and the test fails on it)
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        out[name] = {"violations": check.violations[:20], "error": error, "counts": dict(check.counts)}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

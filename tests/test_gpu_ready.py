@@ -1,0 +1,59 @@
+"""The execution paths on fake CUDA tensors (longpack.runtime.fakegpu): no tensor of a step left on the host, no
+CPU-only kernel, no host tensor in a collective, no attention mask, and host syncs that do not grow with layers or
+documents. One process runs every scenario (tests/gpu_ready_worker.py: the fake device must be registered before
+torch is imported), about a minute on two cores: the price of building and running each path once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+if shutil.which("g++") is None:  # the fake device is a small C++ library built against torch's headers
+    pytest.skip("g++ is needed to build the fake CUDA device", allow_module_level=True)
+
+PATHS = ["documents", "cp2_sharded", "chain_cp1", "chain_cp2", "pp2_first_stage", "pp2_last_stage", "step_no_fsdp"]
+SYNCS = [f"syncs_{layers}_layers_{docs}_docs" for layers in (2, 8) for docs in (4, 64)]
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def seen() -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(HERE / "gpu_ready_worker.py"), *PATHS, "cpu_weights_bug", *SYNCS],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_ready_path_keeps_every_tensor_on_the_device(seen, path):
+    got = seen[path]
+    assert got["error"] is None, got["error"]
+    assert got["violations"] == []
+    assert got["counts"].get("attention_calls", 0) > 0  # the path reached the attention backend on the device
+
+
+def test_gpu_ready_harness_catches_token_weights_left_on_the_host(seen):
+    got = seen["cpu_weights_bug"]
+    assert got["error"] is not None and "device" in got["error"]
+    assert any("mixed with CUDA tensors" in v for v in got["violations"])
+
+
+def test_gpu_ready_syncs_per_micro_batch_do_not_grow_with_layers_or_documents(seen):
+    counts = {name: seen[name]["counts"] for name in SYNCS}
+    for name in counts:
+        assert seen[name]["error"] is None and seen[name]["violations"] == [], name
+    # the same host syncs and host-to-device copies for 2 and 8 layers, 4 and 64 documents
+    assert len({(c.get("syncs", 0), c.get("h2d", 0)) for c in counts.values()}) == 1, counts
+    assert counts["syncs_2_layers_4_docs"].get("h2d", 0) <= 3
+    # attention: the same backend calls for 4 and 64 documents (no per-document loop), growing with layers only
+    for layers in (2, 8):
+        calls = {counts[f"syncs_{layers}_layers_{d}_docs"]["attention_calls"] for d in (4, 64)}
+        assert calls == {2 * layers}, counts  # one forward and one backward call per layer
