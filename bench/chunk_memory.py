@@ -37,13 +37,13 @@ def child(length: int, mode: str) -> None:
     from longpack.model import get_model
     from longpack.plan import MicroBatch, Piece, Plan, Replica, Step
     from longpack.runtime.data import SyntheticCorpus
-    from longpack.runtime.model import Decoder, DecoderConfig
+    from longpack.runtime.hf_model import build
     from longpack.runtime.step import run_micro_batches
 
     torch.set_num_threads(1)
     spec = get_model("tiny-llama")
     torch.manual_seed(0)
-    model = Decoder(DecoderConfig.from_spec(spec))
+    model = build(spec, 0, torch.float32).train()
     corpus = SyntheticCorpus(spec.vocab)
     if mode == "whole":
         mbs = (MicroBatch((Piece(0, 0, length),)),)

@@ -29,7 +29,7 @@ def worker(rank: int, world: int, port: int, out: str, planner: str, overlap: bo
     from longpack.runtime.context_parallel import CPGroups
     from longpack.runtime.data import SyntheticCorpus
     from longpack.runtime.dist import all_reduce_sum, init_distributed
-    from longpack.runtime.model import Decoder, DecoderConfig
+    from longpack.runtime.hf_model import build
     from longpack.runtime.step import run_micro_batches
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -40,7 +40,7 @@ def worker(rank: int, world: int, port: int, out: str, planner: str, overlap: bo
     lengths, max_len = jobs.load_workload(spec)
     plan, _ = jobs.run_plan(planner, lengths, spec, jobs.build_cost(spec), max_len)
     groups = CPGroups.build({2}, world)
-    model = Decoder(DecoderConfig.from_spec(get_model("tiny-llama")))
+    model = build(get_model("tiny-llama"), 0, torch.float32).train()
     corpus = SyntheticCorpus(1024)
     times = []
     for s in range(len(plan.steps)):

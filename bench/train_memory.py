@@ -29,7 +29,7 @@ def measure(vocab: int, tokens: int) -> list[dict]:
     from longpack.cost import CostModel, TrainConfig
     from longpack.hardware import get_hardware
     from longpack.model import get_model
-    from longpack.runtime.attention import document_attention
+    from longpack.runtime import varlen
     from longpack.runtime.engine import checkpointing, forward_logits
     from longpack.runtime.hf_model import build
     from longpack.runtime.memory import ActivationMeter, allocator_peak
@@ -48,7 +48,8 @@ def measure(vocab: int, tokens: int) -> list[dict]:
 
         def step(k: int = k) -> None:
             with checkpointing(model, k):
-                logits = forward_logits(model, ids, pos, lambda _l, q, kk, v: document_attention(q, kk, v, cu))
+                seqs = varlen.Seqs.of_offsets(cu)
+                logits = forward_logits(model, ids, pos, lambda _l, q, kk, v: varlen.attention(q, kk, v, seqs))
             torch.nn.functional.cross_entropy(logits, ids, reduction="sum").backward()
 
         peak = allocator_peak(step)

@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 from dist_workers import SPEC, make_model, plain_logits  # noqa: E402
 
 from longpack.plan import MicroBatch, Piece, Plan, Replica, Step  # noqa: E402
-from longpack.runtime.blockwise import attention_with_blocks  # noqa: E402
+from longpack.runtime import varlen  # noqa: E402
+from longpack.runtime.chunked import with_prefix  # noqa: E402
 from longpack.runtime.data import SyntheticCorpus  # noqa: E402
 from longpack.runtime.step import run_micro_batches  # noqa: E402
 
@@ -105,24 +106,60 @@ def test_chunk_parity_isf_samples_beside_chain_tails():
     _check(plan, lengths)
 
 
-def test_blockwise_attention_matches_masked_reference():
+def _masked_reference(q, keys, vals):
+    """Bottom-right causal attention by an explicit mask ([1, H, s, D] queries, [1, H, n, D] keys)."""
+    s, n = q.shape[2], keys.shape[2]
+    mask = torch.arange(n)[None, :] <= (n - s + torch.arange(s))[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+
+
+def test_chunk_prefix_attention_matches_masked_reference():
+    """A chunk over stored earlier blocks plus its own keys: output, own gradients and the accumulated stored-key
+    gradients equal the masked reference (float64, GQA 4 heads over 2)."""
     torch.manual_seed(0)
-    q = torch.randn(1, 4, 6, 8, dtype=torch.float64, requires_grad=True)
-    k, v = (torch.randn(1, 2, 6, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    kp, vp = (torch.randn(1, 2, 9, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    keys = torch.cat([kp, k], 2).repeat_interleave(2, 1)
-    vals = torch.cat([vp, v], 2).repeat_interleave(2, 1)
-    mask = torch.arange(15)[None, :] <= (9 + torch.arange(6))[:, None]  # bottom-right causal
-    ref = torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+    q = torch.randn(6, 4, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(6, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    kp, vp = (torch.randn(9, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    bh = lambda t: t.transpose(0, 1)[None]  # noqa: E731
+    ref = _masked_reference(bh(q), bh(torch.cat([kp, k])).repeat_interleave(2, 1),
+                            bh(torch.cat([vp, v])).repeat_interleave(2, 1))[0].transpose(0, 1)
     w = torch.randn_like(ref)
     grads = torch.autograd.grad((ref * w).sum(), [q, k, v, kp, vp])
-    acc_k, acc_v = torch.zeros_like(kp), torch.zeros_like(vp)
+    blocks = [(kp[:4].detach(), vp[:4].detach(), torch.zeros(4, 2, 8, dtype=torch.float64),
+               torch.zeros(4, 2, 8, dtype=torch.float64)),
+              (kp[4:].detach(), vp[4:].detach(), torch.zeros(5, 2, 8, dtype=torch.float64),
+               torch.zeros(5, 2, 8, dtype=torch.float64))]
     q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = attention_with_blocks(q2, k2, v2, [(kp.detach(), vp.detach(), acc_k, acc_v)])
+    out = with_prefix(q2, k2, v2, blocks)
     (out * w).sum().backward()
+    # 1e-13: the same sums in another order (log-sum-exp merge vs one softmax) differ by float64 rounding only
     assert torch.allclose(out, ref, atol=1e-13)
+    acc_k, acc_v = torch.cat([b[2] for b in blocks]), torch.cat([b[3] for b in blocks])
     for got, exp in zip((q2.grad, k2.grad, v2.grad, acc_k, acc_v), grads, strict=True):
         assert torch.allclose(got, exp, atol=1e-13)
+
+
+def test_varlen_bottom_right_sequences_match_masked_reference():
+    """Several sequences in one backend call, each with more keys than queries (a CP rank's late block): output
+    and gradients equal the masked reference per sequence."""
+    torch.manual_seed(1)
+    seqs = varlen.Seqs([3, 5, 4], [7, 5, 10])
+    q = torch.randn(12, 4, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(22, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out = varlen.attention(q, k, v, seqs)
+    w = torch.randn_like(out)
+    got = torch.autograd.grad((out * w).sum(), [q, k, v])
+    bh = lambda t: t.transpose(0, 1)[None]  # noqa: E731
+    refs, qa, ka = [], 0, 0
+    for s, n in zip(seqs.q_lens, seqs.k_lens, strict=True):
+        refs.append(_masked_reference(bh(q[qa:qa + s]), bh(k[ka:ka + n]).repeat_interleave(2, 1),
+                                      bh(v[ka:ka + n]).repeat_interleave(2, 1))[0].transpose(0, 1))
+        qa, ka = qa + s, ka + n
+    ref = torch.cat(refs)
+    exp = torch.autograd.grad((ref * w).sum(), [q, k, v])
+    assert torch.allclose(out, ref, atol=1e-13)
+    for g, e in zip(got, exp, strict=True):
+        assert torch.allclose(g, e, atol=1e-13)
 
 
 def _train_two_steps(*flags: str) -> None:

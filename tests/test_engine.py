@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from longpack.runtime.attention import document_attention  # noqa: E402
+from longpack.runtime import varlen  # noqa: E402
 from longpack.runtime.engine import forward_logits  # noqa: E402
 from longpack.runtime.hf_model import check_supported, load, spec_of  # noqa: E402
 
@@ -35,7 +35,8 @@ def test_hf_parity_engine_packed_stream(tmp_path, kind):
     cu = [0, 30, 37, 88]
     pos = torch.cat([torch.arange(len(d)) for d in docs])
     with torch.no_grad():
-        packed = forward_logits(model, torch.cat(docs), pos, lambda _l, q, k, v: document_attention(q, k, v, cu))
+        seqs = varlen.Seqs.of_offsets(cu)
+        packed = forward_logits(model, torch.cat(docs), pos, lambda _l, q, k, v: varlen.attention(q, k, v, seqs))
         model.set_attn_implementation("sdpa")
         for d, a in zip(docs, cu, strict=False):
             alone = model(input_ids=d[None], use_cache=False).logits[0]

@@ -1,7 +1,8 @@
-"""Attention over keys held in several blocks, merged by log-sum-exp, with a memory-lean exact backward.
+"""The CPU kernels of the attention backend (runtime/varlen.py): attention over keys held in several blocks,
+merged by log-sum-exp, with a memory-lean exact backward.
 
-Used wherever queries must see keys that were computed elsewhere: a chunk attending to the K/V of earlier chunks
-of its sequence (ChunkFlow) and a rank attending to other ranks' shards (context parallelism).
+On the CPU, a sequence whose queries are the last rows of a longer key range (a chunk after earlier chunks, a CP
+rank's late block) runs as its causal square plus the visible prefix block.
 
 Forward: each key block b gives (o_b, lse_b) from the fused CPU flash kernel (no score matrix is kept); the result
 is o = Σ_b o_b · exp(lse_b − lse) with lse = logsumexp_b lse_b. Backward: the flash backward of each block, called
@@ -13,8 +14,7 @@ Shapes: ``q_bhsd`` [1, heads, s, D]; key blocks [1, kv_heads, n_b, D]. Grouped-q
 earlier blocks' K/V: for a block without a causal mask the g query heads of a KV head are folded into the query
 length ([1, kv_heads, g·s, D]), which is exact because every query row sees every key of the block.
 
-Gradients of blocks that are *not* autograd inputs (stored K/V of earlier chunks or other ranks) are added into
-caller-provided accumulator tensors during backward instead of being returned, so no leaf copies are kept.
+The backward returns each block's dq, dk, dv (:func:`_block_backward`); runtime/varlen.py routes them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["attention_with_blocks", "flash_lse"]
+__all__ = ["flash_lse"]
 
 _FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -79,39 +79,3 @@ def _merged(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, blocks: S
         out = out * torch.exp(lse - new)[..., None] + ob * torch.exp(lb - new)[..., None]
         lse = new
     return out.to(q.dtype), lse  # merged in the logsumexp's precision (fp32 for bf16 inputs), kept in q's
-
-
-class _BlockAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k_own, v_own, scale, blocks, own_causal):  # type: ignore[override]
-        out, lse = _merged(q, k_own, v_own, blocks, own_causal, scale)
-        ctx.save_for_backward(q, k_own, v_own, out, lse)
-        ctx.blocks, ctx.scale, ctx.own_causal = blocks, scale, own_causal
-        return out
-
-    @staticmethod
-    def backward(ctx, do):  # type: ignore[override]
-        q, k_own, v_own, out, lse = ctx.saved_tensors
-        do = do.contiguous().to(q.dtype)  # an upstream gradient in another dtype (autocast) than the inputs
-        dq, dk, dv = _block_backward(do, q, k_own, v_own, out, lse, ctx.own_causal, ctx.scale)
-        for kb, vb, acc_k, acc_v in ctx.blocks:
-            dqb, dkb, dvb = _block_backward(do, q, kb, vb, out, lse, False, ctx.scale)
-            dq = dq + dqb
-            if acc_k is not None:
-                acc_k.add_(dkb)
-                acc_v.add_(dvb)
-        return dq, dk, dv, None, None, None
-
-
-def attention_with_blocks(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor,
-                          blocks: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                                 torch.Tensor | None]],
-                          *, own_causal: bool = True, scale: float | None = None) -> torch.Tensor:
-    """Queries ``q`` over their own keys (causal) and over fully visible earlier key ``blocks``.
-
-    ``blocks`` holds (k, v, grad_k_accumulator, grad_v_accumulator); the accumulators receive the blocks' key and
-    value gradients in backward (pass None to drop them). All [1, heads, len, D] tensors, contiguous.
-    """
-    if not torch.is_grad_enabled() or not (q.requires_grad or k_own.requires_grad):
-        return _merged(q, k_own, v_own, blocks, own_causal, scale)[0]
-    return _BlockAttention.apply(q, k_own, v_own, scale, blocks, own_causal)

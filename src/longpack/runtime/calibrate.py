@@ -1,7 +1,8 @@
 """``longpack calibrate``: fit the cost model's compute coefficients to real training steps on this machine.
 
-Times forward + backward of the runtime's model on a grid of packed micro-batches that vary Σ s_i (linear work) and
-Σ s_i² (attention work) independently, then fits by non-negative least squares
+Times forward + backward of the runtime's model (transformers' class of the spec, run by the engine) on a grid of
+packed micro-batches that vary Σ s_i (linear work) and Σ s_i² (attention work) independently, then fits by
+non-negative least squares
 
     t = a · F_lin + b · F_attn + d · L · documents + c
 
@@ -31,7 +32,7 @@ from ..hardware import HardwareSpec, get_hardware
 from ..model import ModelSpec
 from ..plan import MicroBatch, Piece, Plan, Replica, Step
 from .data import SyntheticCorpus
-from .model import Decoder, DecoderConfig
+from .hf_model import build
 from .step import run_micro_batches
 
 __all__ = ["GRID", "GPU_GRID", "GRIDS", "calibrate"]
@@ -50,7 +51,7 @@ def _doc_lengths(doc: int, count: int) -> dict[int, int]:
     return {i: doc + i - count // 2 for i in range(count)}
 
 
-def _time_step(model: Decoder, corpus: SyntheticCorpus, doc: int, count: int, repeats: int,
+def _time_step(model: torch.nn.Module, corpus: SyntheticCorpus, doc: int, count: int, repeats: int,
                device: torch.device) -> float:
     lengths = _doc_lengths(doc, count)
     mb = MicroBatch(pieces=tuple(Piece(i, 0, n) for i, n in lengths.items()))
@@ -70,7 +71,7 @@ def _measure(spec: ModelSpec, grid: list[tuple[int, int]], repeats: int, barrier
              dtype: torch.dtype = torch.float32) -> list[float]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    model = Decoder(DecoderConfig.from_spec(spec)).to(device=device, dtype=dtype)
+    model = build(spec, 0, dtype).to(device).train()  # transformers' class, through the engine
     corpus = SyntheticCorpus(spec.vocab)
     out = []
     for doc, count in grid:

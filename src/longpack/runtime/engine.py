@@ -16,22 +16,19 @@ Shapes: transformers hands attention [1, heads, T, D] (post-RoPE); the callbacks
 :func:`checkpointing` applies a micro-batch's ``ckpt_layers`` with transformers' own per-layer switch
 (``GradientCheckpointingLayer``, which keeps FSDP2's hooks outside the recomputed region).
 
-:func:`forward_logits` is the engine's one forward: HF models through this path, and the first engine
-(runtime/model.py's ``Decoder``, kept for calibration and the older benches) through its own call.
+:func:`forward_logits` is the engine's one forward (runtime/runner.py calls it for every path).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import torch
 import torch.utils.checkpoint
-
-from .model import Attend, Decoder
 
 __all__ = ["ATTN", "register", "engine_attention", "longpack_attention", "forward_logits", "checkpointing",
            "num_layers", "decoder_layers"]
@@ -86,8 +83,7 @@ def engine_attention(model: Any) -> Iterator[None]:
         config._attn_implementation = before
 
 
-def _is_hf(model: Any) -> bool:
-    return hasattr(model, "config") and not isinstance(model, Decoder)
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def forward_logits(model: Any, input_ids_t: torch.Tensor, position_ids_t: torch.Tensor, attend: Attend,
@@ -95,8 +91,6 @@ def forward_logits(model: Any, input_ids_t: torch.Tensor, position_ids_t: torch.
     """Logits [T, vocab] of one packed stream with explicit positions, attention through ``attend``; ``hidden``
     [T, hidden size]: the input of a later pipeline stage, in place of the token embeddings (its output is the
     last decoder layer's hidden state then, unless the stage holds the head)."""
-    if not _is_hf(model):
-        return model(input_ids_t, position_ids_t, attend)
     given = {"input_ids": input_ids_t[None]} if hidden is None else {"inputs_embeds": hidden[None]}
     out = model(**given, position_ids=position_ids_t[None], use_cache=False, longpack_attend=attend)
     return out.logits[0]
@@ -109,8 +103,6 @@ def checkpointing(model: Any, layers: int) -> Iterator[None]:
     if layers <= 0:
         yield
         return
-    if not _is_hf(model):
-        raise ValueError(f"ckpt_layers={layers}: activation checkpointing runs on transformers' model classes only")
     chosen: list[Any] = decoder_layers(model)[:layers]
     for layer in chosen:
         layer._gradient_checkpointing_func = _CHECKPOINT
@@ -123,7 +115,7 @@ def checkpointing(model: Any, layers: int) -> Iterator[None]:
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
-    """The decoder layers, in order (HF: ``model.model.layers``; the first engine: the same names)."""
+    """The decoder layers, in order (``model.model.layers``)."""
     return list(model.model.layers)
 
 

@@ -1,6 +1,7 @@
 """One rank's share of one optimizer step: forward and backward every micro-batch of the plan, exactly weighted.
 
-Whole documents run through :func:`~longpack.runtime.attention.document_attention`; a chunk chain (consecutive
+Every micro-batch runs through the one runner (runtime/runner.py) and the one attention backend
+(runtime/varlen.py): whole documents as one varlen call per layer; a chunk chain (consecutive
 micro-batches holding the pieces of one sample) runs through :func:`~longpack.runtime.chunked.run_chain` —
 forward ascending, backward descending, recomputing the chunks the plan marks. A step with CP > 1 runs as
 ``cp_rank`` of the step's CP group in :mod:`~longpack.runtime.context_parallel` (local pieces whole, zigzag
