@@ -248,6 +248,7 @@ class PipelineStage:
         keep = [i for i, mb in enumerate(mbs) if mb.pieces]
         items = pipeline_items(mbs, fwd_s if fwd_s is not None else forward_estimates(mbs, cp, self.cost), plan)
         sched = schedule(items, self.pp, k=kept_chunks(mbs, plan))
+        _check_message_order(sched.ops)
         self.simulated_bubble = sched.bubble_ratio
         self.simulated_busy = sum(end - start for *_, start, end in sched.ops[self.stage])
         targets = step_targets(plan, plan.steps[step], corpus)
@@ -372,12 +373,29 @@ class PipelineStage:
 
     def _recv(self, shape: Any, src: int, tag: int) -> torch.Tensor:
         buf = torch.empty(tuple(shape), dtype=self.dtype, device=self.device)
-        dist.recv(buf, src=src, tag=tag)
+        dist.recv(buf, src=src, tag=_tag(tag))
         return buf
 
     def _send(self, t: torch.Tensor, dst: int, tag: int) -> tuple[Any, torch.Tensor]:
         t = t.contiguous()
-        return dist.isend(t, dst=dst, tag=tag), t
+        return dist.isend(t, dst=dst, tag=_tag(tag)), t
+
+
+def _tag(tag: int) -> int:
+    """The message tag where the backend matches by it (gloo); NCCL ignores tags and matches a pair's messages in
+    the order they are posted, which :func:`_check_message_order` guarantees."""
+    return tag if dist.get_backend() == "gloo" else 0
+
+
+def _check_message_order(ops: list[list[tuple[str, int, float, float]]]) -> None:
+    """Refuse a schedule whose stages run their forwards, or their backwards, in different item orders: a stage's
+    sends to the next (activations) and to the previous (gradients) must arrive in the order the peer receives
+    them, because NCCL pairs point-to-point messages by order, not by tag."""
+    for kind in ("F", "B"):
+        orders = {tuple(j for k, j, *_ in stage if k == kind) for stage in ops}
+        if len(orders) > 1:
+            raise ValueError(f"the pipeline schedule runs its {kind} ops in different item orders on different "
+                             f"stages ({sorted(orders)[:2]}); point-to-point messages would cross")
 
 
 def pipeline_phrase(record: dict[str, Any]) -> str:
