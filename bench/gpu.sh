@@ -8,8 +8,8 @@
 #   bench/gpu.sh                 # on a machine with a CUDA GPU and this project installed (make install)
 #   DRYRUN=1 bench/gpu.sh        # the same pipeline on CPU with tiny-llama, to check the script itself
 #
-# Attention on the GPU is flash-attn's varlen kernel when the flash_attn package is importable, else PyTorch SDPA
-# per document length (runtime/attention.py); the report says which ran.
+# Attention on the GPU is torch's own FlashAttention varlen kernel (torch.nn.attention.varlen, bf16; runtime/varlen.py):
+# one call per layer for every document of a micro-batch, no flash_attn package needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
