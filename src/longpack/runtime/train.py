@@ -335,6 +335,9 @@ def _memory(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_c
 def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     """Run the plan; returns {"steps": [per-step records], "summary": {...}, "data": {...}, "model": model}."""
     ctx = ctx or init_distributed(timeout=args.timeout)
+    if ctx.device.type == "cuda" and args.dtype != "bfloat16":
+        raise ValueError(f"--dtype {args.dtype} on CUDA: the attention (FlashAttention varlen) runs in bfloat16; "
+                         "use --dtype bfloat16 (parameters and optimizer state stay float32)")
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = model_spec(args)
