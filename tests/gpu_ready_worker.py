@@ -99,6 +99,21 @@ def step_no_fsdp() -> None:
     assert stats.device == CUDA
 
 
+def step_fsdp_path() -> None:
+    """train.run_step on its FSDP2 branch (StepSync's closing one-token pass, the statistics' all-reduce) over an
+    unsharded model: FSDP2's own shard init needs a real CUDA build, so its collectives are not run here."""
+    from longpack.runtime.dist import DistContext
+    from longpack.runtime.parallelize import StepSync
+    from longpack.runtime.train import run_step
+
+    plan = make_plan("isf", 2)
+    model = _model()
+    ctx = DistContext(rank=0, world=WORLD, device=CUDA)
+    stats, _ = run_step(model, plan, 0, plan.steps[0].replicas[0].micro_batches,
+                        SyntheticCorpus(SPEC.vocab, seed=0), ctx, None, "token_mean", StepSync(model, CUDA))
+    assert stats.device == CUDA
+
+
 def cpu_weights_bug() -> None:
     """The token weights left on the host (the bug this harness exists for): the check must catch it."""
     from longpack.runtime import data
@@ -127,7 +142,7 @@ def _syncs(layers: int, docs: int) -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (documents, cp2_sharded, chain_cp1, chain_cp2, pp2_first_stage, pp2_last_stage,
-                                     step_no_fsdp, cpu_weights_bug)}
+                                     step_no_fsdp, step_fsdp_path, cpu_weights_bug)}
 for _layers in (2, 8):
     for _docs in (4, 64):
         SCENARIOS[f"syncs_{_layers}_layers_{_docs}_docs"] = (lambda a, b: lambda: _syncs(a, b))(_layers, _docs)
