@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# a process of its own (it registers the fake CUDA device before importing torch): run by test_gpu_ready.py
+collect_ignore = ["gpu_ready_worker.py"]
+
 from longpack.hardware import HardwareSpec
 from longpack.model import ModelSpec
 
