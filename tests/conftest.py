@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-# a process of its own (it registers the fake CUDA device before importing torch): run by test_gpu_ready.py
-collect_ignore = ["gpu_ready_worker.py"]
-
 from longpack.hardware import HardwareSpec
 from longpack.model import ModelSpec
+
+# a process of its own (it registers the fake CUDA device before importing torch): run by test_gpu_ready.py
+collect_ignore = ["gpu_ready_worker.py"]
 
 # A flat-table "hardware": every collective costs 100 µs below 1 MB and 1 µs more per MB above.
 FLAT = {k: ((1.0, 100.0), (1001.0, 1100.0)) for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")}

@@ -10,7 +10,8 @@ differ only in the ``attend`` callback they pass:
   the model and the loss read to the model's device in two copies. Nothing of the micro-batch is left on the host
   for the device to read later, and the host keeps what it needs (counts, offsets) as ints.
 * :func:`forward_loss` runs the model with the callback and the micro-batch's checkpointed layers and returns
-  Σ weight · cross-entropy as a device scalar (or, on a pipeline stage without the head, the hidden states).
+  Σ weight · cross-entropy as a device scalar, the head and its loss in chunks of tokens (runtime/head_loss.py),
+  or, on a pipeline stage without the head, the hidden states.
 
 Host syncs: none here; a step's losses are summed on the device and read once per step (runtime/train.py).
 """
@@ -18,13 +19,15 @@ Host syncs: none here; a step's losses are summed on the device and read once pe
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from ..plan import MicroBatch
 from .data import Packed, Source, collate
-from .engine import checkpointing, forward_logits
+from .engine import checkpointing, forward_logits, head_off, head_weight
+from .head_loss import head_cross_entropy
 from .loss import weighted_loss
 
 __all__ = ["prepare", "forward_loss", "model_device"]
@@ -48,7 +51,14 @@ def prepare(mb: MicroBatch, source: Source, effective_length: Callable[[int], in
 def forward_loss(model: Any, batch: Packed, attend: Any, ckpt_layers: int = 0, hidden: torch.Tensor | None = None,
                  head: bool = True) -> torch.Tensor:
     """This micro-batch's Σ weight · cross-entropy (a device scalar, with its graph when grad is on); ``hidden``:
-    a later pipeline stage's input; ``head=False``: return the stage's output hidden states instead."""
-    with checkpointing(model, ckpt_layers):
+    a later pipeline stage's input; ``head=False``: return the stage's output hidden states instead. A linear head
+    without bias runs chunked with the loss (runtime/head_loss.py): no [tokens, vocab] logits are held."""
+    weight = head_weight(model) if head else None
+    with checkpointing(model, ckpt_layers), (head_off(model) if weight is not None else nullcontext()):
         out = forward_logits(model, batch.input_ids, batch.position_ids, attend, hidden=hidden)
-    return weighted_loss(out, batch) if head else out
+    if not head:
+        return out
+    if weight is None:
+        return weighted_loss(out, batch)
+    with torch.autocast(out.device.type, enabled=False):  # the head in its parameters' dtype, forward and back
+        return head_cross_entropy(out.to(weight.dtype), weight, batch.labels.clamp_min(0), batch.weights)

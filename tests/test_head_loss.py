@@ -1,0 +1,70 @@
+"""The chunked head + cross-entropy (runtime/head_loss.py): equal to the whole-logits loss in float64, and no
+[tokens, vocab] tensor is ever made for more tokens than a chunk — in the function and in a micro-batch of the
+engine."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+from longpack.runtime import head_loss  # noqa: E402
+from longpack.runtime.head_loss import head_cross_entropy  # noqa: E402
+
+
+class _Shapes(TorchDispatchMode):
+    """Records the shape of every tensor an operator makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
+
+
+def _widest(shapes: list[tuple[int, ...]], vocab: int) -> int:
+    """The most rows of any [rows, vocab] tensor made (the head weight's transpose, [hidden, vocab], included: the
+    tests keep hidden ≤ the chunk)."""
+    return max((s[0] for s in shapes if len(s) == 2 and s[1] == vocab), default=0)
+
+
+def test_parity_head_cross_entropy_equals_whole_logits_and_never_holds_them():
+    torch.manual_seed(0)
+    h = torch.randn(37, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 4, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 11, (37,))
+    w = torch.rand(37, dtype=torch.float64)
+    w[3] = 0.0  # a position without a target
+    ref = (torch.nn.functional.cross_entropy(h @ weight.T, labels, reduction="none") * w).sum()
+    expected = torch.autograd.grad(ref * 1.7, [h, weight])
+    with _Shapes() as seen:
+        out = head_cross_entropy(h, weight, labels, w, chunk=5)
+        got = torch.autograd.grad(out * 1.7, [h, weight])
+    # float64: the same sums in chunks, ~1e-15 apart; 1e-12 leaves no room for a wrong term
+    assert abs(float(out.detach() - ref.detach())) < 1e-12
+    for g, e in zip(got, expected, strict=True):
+        assert torch.allclose(g, e, rtol=0, atol=1e-12)
+    assert _widest(seen.shapes, 11) == 5
+
+
+def test_engine_micro_batch_never_allocates_whole_logits(monkeypatch):
+    """A packed micro-batch of 402 tokens through the engine, forward and backward, with chunks of 32 tokens."""
+    from dist_workers import SPEC, make_model, make_plan
+
+    from longpack.runtime.data import SyntheticCorpus
+    from longpack.runtime.step import run_micro_batches
+
+    monkeypatch.setattr(head_loss, "CHUNK_BYTES", 32 * 4 * SPEC.vocab)
+    plan = make_plan("isf", 1)
+    mbs = plan.steps[0].replicas[0].micro_batches
+    model = make_model()
+    with _Shapes() as seen:
+        _, tokens, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0))
+    assert max(len(mb.pieces) and sum(p.stop - p.start for p in mb.pieces) for mb in mbs) > 32
+    assert 0 < _widest(seen.shapes, SPEC.vocab) <= 32
