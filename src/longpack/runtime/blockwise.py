@@ -14,7 +14,7 @@ Shapes: ``q_bhsd`` [1, heads, s, D]; key blocks [1, kv_heads, n_b, D]. Grouped-q
 earlier blocks' K/V: for a block without a causal mask the g query heads of a KV head are folded into the query
 length ([1, kv_heads, g·s, D]), which is exact because every query row sees every key of the block.
 
-The backward returns each block's dq, dk, dv (:func:`_block_backward`); runtime/varlen.py routes them.
+The backward returns each block's dq, dk, dv (:func:`block_backward`); runtime/varlen.py routes them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["flash_lse"]
+__all__ = ["flash_lse", "merged", "block_backward"]
 
 _FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -52,7 +52,7 @@ def flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return _FWD(q, k, v, 0.0, causal, scale=scale)
 
 
-def _block_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+def block_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                     lse: torch.Tensor, causal: bool, scale: float | None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     heads, kv = q.shape[1], k.shape[1]
@@ -69,7 +69,7 @@ def _block_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return dq, dk, dv
 
 
-def _merged(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, blocks: Sequence, own_causal: bool,
+def merged(q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, blocks: Sequence, own_causal: bool,
             scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Online log-sum-exp merge over the blocks (one partial result alive at a time: O(s) extra memory)."""
     out, lse = flash_lse(q, k_own, v_own, own_causal, scale)

@@ -4,9 +4,9 @@
 layer of a Llama / Qwen2 / Qwen3 / Mistral model (any decoder whose attention goes through that interface) call
 the micro-batch's ``attend(layer, q_thd, k_thd, v_thd) -> o_thd`` callback, which reaches it as the keyword
 argument ``longpack_attend`` through the model's forward, the way transformers passes attention kwargs. The
-callbacks hold everything the plan decides for that micro-batch: document boundaries (runtime/attention.py), the
-CP exchange of sharded pieces (runtime/context_parallel.py), a chain's K/V store (runtime/chunked.py). No global
-state: two models, or two micro-batches, never share a callback.
+callbacks hold everything the plan decides for that micro-batch: document boundaries (the attention backend,
+runtime/varlen.py), the CP exchange of sharded pieces (runtime/context_parallel.py), a chain's K/V store
+(runtime/chunked.py). No global state: two models, or two micro-batches, never share a callback.
 
 transformers builds no attention mask for an implementation outside its mask registry, so a packed stream of
 T tokens never materialises a T x T mask; document masking is the callback's job, from explicit boundaries.

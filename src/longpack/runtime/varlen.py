@@ -136,7 +136,7 @@ def _cpu_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     """One sequence on the CPU flash kernel: the causal square (the last s keys) merged with the visible prefix."""
     p = k.shape[0] - q.shape[0]
     blocks = [(_bhsd(k[:p]), _bhsd(v[:p]), None, None)] if p else []
-    o, lse = blockwise._merged(_bhsd(q), _bhsd(k[p:]), _bhsd(v[p:]), blocks, True, None)
+    o, lse = blockwise.merged(_bhsd(q), _bhsd(k[p:]), _bhsd(v[p:]), blocks, True, None)
     return _thd(o), lse[0]
 
 
@@ -145,10 +145,10 @@ def _cpu_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     p = k.shape[0] - q.shape[0]
     args = (_bhsd(do.to(q.dtype)), _bhsd(q))
     ob, lb = _bhsd(o), lse[None].contiguous()
-    dq, dks, dvs = blockwise._block_backward(*args, _bhsd(k[p:]), _bhsd(v[p:]), ob, lb, True, None)
+    dq, dks, dvs = blockwise.block_backward(*args, _bhsd(k[p:]), _bhsd(v[p:]), ob, lb, True, None)
     dk, dv = [_thd(dks)], [_thd(dvs)]
     if p:
-        dqp, dkp, dvp = blockwise._block_backward(*args, _bhsd(k[:p]), _bhsd(v[:p]), ob, lb, False, None)
+        dqp, dkp, dvp = blockwise.block_backward(*args, _bhsd(k[:p]), _bhsd(v[:p]), ob, lb, False, None)
         dq = dq + dqp
         dk.insert(0, _thd(dkp))
         dv.insert(0, _thd(dvp))
