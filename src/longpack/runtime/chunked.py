@@ -54,6 +54,11 @@ class KVStore:
         return dk, dv
 
 
+def _stacked(blocks: list, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[the stored blocks' keys | own keys] and the same for values."""
+    return torch.cat([b[0] for b in blocks] + [k]), torch.cat([b[1] for b in blocks] + [v])
+
+
 class _WithPrefix(torch.autograd.Function):
     """A chunk's queries over [the stored earlier chunks' keys | its own keys], bottom-right causal, in one call of
     the attention backend; the stored keys' gradients go into their accumulators, the own keys' back to autograd.
@@ -61,8 +66,7 @@ class _WithPrefix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, blocks, seqs):  # type: ignore[override]
-        keys, vals = (torch.cat([b[i] for b in blocks] + [t]) for i, t in ((0, k), (1, v)))
-        o, lse = varlen.forward(q, keys, vals, seqs)
+        o, lse = varlen.forward(q, *_stacked(blocks, k, v), seqs)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.blocks, ctx.seqs = blocks, seqs
         return o
@@ -70,8 +74,7 @@ class _WithPrefix(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):  # type: ignore[override]
         q, k, v, o, lse = ctx.saved_tensors
-        keys, vals = (torch.cat([b[i] for b in ctx.blocks] + [t]) for i, t in ((0, k), (1, v)))
-        dq, dk, dv = varlen.backward(do.to(q.dtype), q, keys, vals, o, lse, ctx.seqs)
+        dq, dk, dv = varlen.backward(do.to(q.dtype), q, *_stacked(ctx.blocks, k, v), o, lse, ctx.seqs)
         at = 0
         for kb, _, acc_k, acc_v in ctx.blocks:
             n = kb.shape[0]
@@ -87,9 +90,6 @@ def with_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: list)
     if not blocks:
         return varlen.attention(q, k, v, varlen.Seqs([q.shape[0]]))
     seqs = varlen.Seqs([q.shape[0]], [q.shape[0] + sum(b[0].shape[0] for b in blocks)])
-    if not torch.is_grad_enabled():
-        keys, vals = (torch.cat([b[i] for b in blocks] + [t]) for i, t in ((0, k), (1, v)))
-        return varlen.forward(q, keys, vals, seqs)[0]
     return _WithPrefix.apply(q, k, v, blocks, seqs)
 
 

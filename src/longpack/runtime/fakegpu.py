@@ -118,7 +118,7 @@ def activate() -> None:
     ctypes.CDLL(str(_build()), mode=ctypes.RTLD_GLOBAL)
 
 
-def _devices(args: Any) -> list[Any]:
+def _tensors(args: Any) -> list[Any]:
     import torch
     from torch.utils._pytree import tree_leaves
 
@@ -142,7 +142,7 @@ class DeviceCheck:
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
                 kwargs = kwargs or {}
-                tensors = _devices((args, kwargs))
+                tensors = _tensors((args, kwargs))
                 on_device = [t for t in tensors if t.device.type != "cpu"]
                 target = kwargs.get("device")
                 if not on_device and not any(isinstance(t, FakeTensor) for t in tensors) and (

@@ -292,9 +292,8 @@ def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: So
             loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode,
                                                       device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
     # the step's statistics stay on the device (NCCL takes no host tensor): read once, after the reduction
-    stats = torch.stack([loss.to(torch.float64).reshape(()),
-                         torch.tensor(float(tokens), dtype=torch.float64, device=loss.device),
-                         torch.tensor(float(targets), dtype=torch.float64, device=loss.device)])
+    counts = torch.tensor([float(tokens), float(targets)], dtype=torch.float64).to(loss.device)  # one copy
+    stats = torch.cat([loss.to(torch.float64).reshape(1), counts])
     if sync is not None:
         sync.end()
         all_reduce_sum([stats])
