@@ -321,7 +321,8 @@ def pipeline_worker(rank: int, world: int, port: int, out: str, pp: int, cp: int
     from dataclasses import replace
 
     from longpack.runtime.context_parallel import CPGroups
-    from longpack.runtime.pipeline import Layout, PipelineStage, global_names, split_model
+    from longpack.runtime.pipeline import Layout, PipelineStage, split_model
+    from longpack.runtime.stage_state import global_names
     from longpack.runtime.step import check_runnable
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -114,6 +114,21 @@ def step_fsdp_path() -> None:
     assert stats.device == CUDA
 
 
+def trainer() -> None:
+    """LongpackTrainer.training_step (the Trainer path's whole step) with the model the Trainer built placed on the
+    device: the Trainer is set up on the host (CPU args), then its model moves to fake CUDA, as Accelerate moves it
+    on a GPU machine; the step must follow the model there."""
+    import tempfile
+
+    import hf_case
+
+    with tempfile.TemporaryDirectory() as out:
+        tr = hf_case.longpack_trainer(out, cp=1)
+    net = tr.model.to(torch.bfloat16).to_empty(device=CUDA)
+    loss = tr.training_step(net, {"longpack_step": torch.tensor(0)})
+    assert loss.device == CUDA and len(tr.longpack_steps) == 1, (loss.device, tr.longpack_steps)
+
+
 def cpu_weights_bug() -> None:
     """The token weights left on the host (the bug this harness exists for): the check must catch it."""
     from longpack.runtime import data
@@ -142,7 +157,7 @@ def _syncs(layers: int, docs: int) -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (documents, cp2_sharded, chain_cp1, chain_cp2, pp2_first_stage, pp2_last_stage,
-                                     step_no_fsdp, step_fsdp_path, cpu_weights_bug)}
+                                     step_no_fsdp, step_fsdp_path, trainer, cpu_weights_bug)}
 for _layers in (2, 8):
     for _docs in (4, 64):
         SCENARIOS[f"syncs_{_layers}_layers_{_docs}_docs"] = (lambda a, b: lambda: _syncs(a, b))(_layers, _docs)

@@ -19,7 +19,7 @@ if shutil.which("g++") is None:  # the fake device is a small C++ library built 
     pytest.skip("g++ is needed to build the fake CUDA device", allow_module_level=True)
 
 PATHS = ["documents", "cp2_sharded", "chain_cp1", "chain_cp2", "pp2_first_stage", "pp2_last_stage", "step_no_fsdp",
-         "step_fsdp_path"]
+         "step_fsdp_path", "trainer"]
 SYNCS = [f"syncs_{layers}_layers_{docs}_docs" for layers in (2, 8) for docs in (4, 64)]
 HERE = Path(__file__).parent
 

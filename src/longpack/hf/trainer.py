@@ -54,6 +54,7 @@ from ..runtime.dist import DistContext
 from ..runtime.engine import engine_attention
 from ..runtime.hf_model import check_supported, spec_of
 from ..runtime.loss import MODES
+from ..runtime.runner import model_device
 from ..runtime.step import check_step
 from ..runtime.train import run_step
 from ..sim import plan_metrics
@@ -246,6 +247,8 @@ class LongpackMixin:
         step = int(inputs["longpack_step"])
         net = self.accelerator.unwrap_model(model)
         net.train()
+        if self._lp_ctx.device != (dev := model_device(net)):  # where the Trainer placed the model, not args.device
+            self._lp_ctx = replace(self._lp_ctx, device=dev)
         if not self._lp_sync_checked and self._lp_ctx.world > 1:  # Accelerate wraps the model in train()
             self._lp_sync_checked = True
             self._lp_sync = _fsdp_sync(net, self._lp_ctx.device)
@@ -266,7 +269,7 @@ class LongpackMixin:
         loss, tokens, targets = stats.tolist()  # the step's one read of the device
         self.longpack_steps.append({"step": step, "loss": loss, "tokens": int(tokens), "targets": int(targets),
                                     "planner_wait_seconds": waited})
-        return torch.tensor(loss, device=self.args.device)
+        return stats[0].detach().float()  # the step's loss, already on the model's device
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if "loss" in logs:  # a training log: the seconds its steps waited on the planner

@@ -72,7 +72,8 @@ class ActivationMeter:
         from .engine import decoder_layers
 
         layers = decoder_layers(model)
-        self.static = {p.untyped_storage().data_ptr() for p in model.parameters() if type(p).__name__ != "DTensor"}
+        self.static = {p.untyped_storage().data_ptr() for p in model.parameters()  # host ones: only they count
+                       if p.device.type == "cpu" and type(p).__name__ != "DTensor"}
 
         def keep_input(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
             if getattr(module, "gradient_checkpointing", False) and torch.is_grad_enabled() and args:

@@ -49,7 +49,7 @@ from .runner import forward_loss, model_device, prepare
 from .sharded_chain import ShardedChainPass, ShardedKVStore
 from .step import _documents, chain_segments
 
-__all__ = ["stage_bounds", "split_model", "global_names", "gather_state", "Layout", "PipelineStage",
+__all__ = ["stage_bounds", "split_model", "Layout", "PipelineStage",
            "forward_estimates", "pipeline_phrase"]
 
 
@@ -82,33 +82,6 @@ def split_model(model: Any, stage: int, pp: int) -> Any:
         inner.norm = torch.nn.Identity()
         model.lm_head = torch.nn.Identity()
     return model
-
-
-def global_names(model: Any, stage: int, pp: int, keys: Any = None) -> dict[str, str]:
-    """A stage model's parameter names (or state-dict ``keys``) -> the whole model's (layer indices made global)."""
-    a = stage_bounds(model.config.num_hidden_layers, pp)[stage][0]
-    out = {}
-    for name in (keys if keys is not None else [n for n, _ in model.named_parameters()]):
-        parts = name.split(".")
-        if parts[:2] == ["model", "layers"]:
-            parts[2] = str(a + int(parts[2]))
-        out[name] = ".".join(parts)
-    return out
-
-
-def gather_state(model: Any, layout: Layout) -> dict[str, torch.Tensor] | None:
-    """The whole model's state dict on global rank 0 (None elsewhere): each stage's first plan rank sends its
-    stage's tensors under global names (FSDP2 shards gathered within the stage first)."""
-    from torch.distributed.tensor import DTensor
-
-    state = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
-    names = global_names(model, layout.stage, layout.pp, list(state))
-    mine = {names[k]: v.detach().cpu() for k, v in state.items()} if layout.prank == 0 else {}
-    parts: list[Any] = [None] * (layout.pp * layout.n) if dist.get_rank() == 0 else []
-    dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
-    if dist.get_rank() != 0:
-        return None
-    return {k: v for part in parts for k, v in part.items()}
 
 
 def forward_estimates(mbs: tuple[MicroBatch, ...], cp: int, cost: Any) -> list[float]:

@@ -442,7 +442,7 @@ def _save_output(args: TrainArgs, model: Any, ctx: DistContext, pipe: Any = None
     if pipe is not None:  # the stages' tensors, gathered under the whole model's names, into a full skeleton
         from transformers import AutoModelForCausalLM
 
-        from .pipeline import gather_state
+        from .stage_state import gather_state
 
         state: Any = gather_state(model, pipe.layout)
         if ctx.rank == 0:
