@@ -1,8 +1,12 @@
 """One Trainer run of bench/hf_throughput.py under torchrun, on the bench's rows and checkpoint, one epoch; rank 0
 prints one JSON line of measured step times. Modes: ``padded`` (transformers.Trainer, each micro-batch padded),
 ``flatten`` (transformers.Trainer with its DataCollatorWithFlattening: every process's rows of a step in one packed
-row, position ids restarting per row), ``trl`` (TRL's SFTTrainer with packing), ``longpack`` (LongpackTrainer,
-the unified plan on the longpack engine).
+row, position ids restarting per row), ``ga`` (transformers.Trainer, one row per process and micro-batch, gradient
+accumulation to the step's rows: no padding and no mask), ``trl`` (TRL's SFTTrainer with packing), ``longpack``
+(LongpackTrainer, the unified plan on the longpack engine). Every arm: constant LR, no clipping, AdamW.
+
+On GPUs (``HF_BASELINE_GPU=1``): bf16 weights, NCCL, and ``HF_BASELINE_ATTN`` (``flash_attention_2`` where the
+flash_attn package is installed, else ``sdpa``) as the baselines' attention.
 
     torchrun --nproc-per-node 2 bench/_hf_baseline.py MODE MODEL_DIR ROWS.jsonl TOKENIZER_DIR STEPS BATCH
 """
@@ -10,6 +14,7 @@ the unified plan on the longpack engine).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -56,14 +61,17 @@ def main() -> None:
     mode, model_dir, rows_path, tok_dir, steps, batch = sys.argv[1:7]
     torch.set_num_threads(1)
     rows = [json.loads(x) for x in open(rows_path)]
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa",
-                                                              dtype=torch.float32)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    gpu = os.environ.get("HF_BASELINE_GPU", "0") == "1"
+    attn = os.environ.get("HF_BASELINE_ATTN", "sdpa")
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn,
+                                                              dtype=torch.bfloat16 if gpu else torch.float32)
     model.config.use_cache = False
     timer = _Timer()
     common = dict(output_dir=f"/tmp/hf_baseline_{mode}", num_train_epochs=1, learning_rate=1e-3, report_to=[],
-                  use_cpu=True, ddp_backend="gloo", logging_steps=10**6, save_strategy="no", disable_tqdm=True,
-                  dataloader_num_workers=0, seed=0, ddp_find_unused_parameters=False,
+                  use_cpu=not gpu, ddp_backend="nccl" if gpu else "gloo", logging_steps=10**6, save_strategy="no",
+                  disable_tqdm=True, dataloader_num_workers=0, seed=0, ddp_find_unused_parameters=False,
+                  lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0,
                   per_device_train_batch_size=int(batch) // world)
     tokens = None
     if mode == "padded":
@@ -76,14 +84,20 @@ def main() -> None:
         ds = datasets.Dataset.from_list(rows)
         trainer = transformers.Trainer(model=model, args=args, train_dataset=ds, callbacks=[timer.hook()],
                                        data_collator=transformers.DataCollatorWithFlattening())
+    elif mode == "ga":
+        common.update(per_device_train_batch_size=1, gradient_accumulation_steps=int(batch) // world)
+        args = transformers.TrainingArguments(**common)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
+                                       callbacks=[timer.hook()])
     elif mode == "longpack":
         from longpack.hf import LongpackConfig, LongpackTrainer
 
         common["per_device_train_batch_size"] = 1
         args = transformers.TrainingArguments(**common)
         ds = datasets.Dataset.from_list(rows)
-        trainer = LongpackTrainer(model=model, args=args, train_dataset=ds, callbacks=[timer.hook()],
-                                  longpack=LongpackConfig(global_batch=int(batch), token_cap=4096))
+        cap = int(os.environ.get("HF_BASELINE_CAP", "4096"))
+        lp = LongpackConfig(global_batch=int(batch), token_cap=cap, hardware="h100" if gpu else "cpu")
+        trainer = LongpackTrainer(model=model, args=args, train_dataset=ds, callbacks=[timer.hook()], longpack=lp)
     elif mode == "trl":
         import trl
 
@@ -100,7 +114,7 @@ def main() -> None:
                                  callbacks=[timer.hook()])
         tokens = pack
     else:
-        raise SystemExit(f"mode {mode!r}: padded, flatten, trl or longpack")
+        raise SystemExit(f"mode {mode!r}: padded, flatten, ga, trl or longpack")
     trainer.train()
     if trainer.args.process_index == 0:
         print(json.dumps({"mode": mode, "step_seconds": timer.times, "pack": tokens}), flush=True)

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# GPU benchmark: calibrate the cost model on the GPU for a qwen2.5-0.5b-shaped random model in bf16, then train
-# packed (unified, TRL-style bfd packing, isf) and padded (random_padded) plans for real on the one engine
-# (transformers' Qwen2 classes with the longpack attention; FSDP2 when launched on several GPUs) and report tokens/s,
-# MFU, and measured peak memory (max_memory_allocated) beside the cost model's prediction per step.
-# Results go to docs/BENCHMARKS.md ("GPU" section, the GPU named). Budget: under 8 minutes on one H100/H200.
+# GPU benchmark, one script for when a GPU machine is lent (budget: under 8 minutes on one H100/H200):
+# 1. bf16 parity of every path (documents, chunk chains, LongpackTrainer; FSDP2, CP 2 and PP 2 with 2+ GPUs) against
+#    transformers' own unpacked training of the same rows (bench/gpu_parity.py);
+# 2. the cost model calibrated on the GPU for a qwen2.5-0.5b-shaped random model in bf16, then packed (unified,
+#    TRL-style bfd, isf) and padded (random_padded) plans trained for real on the one engine, with tokens/s, MFU and
+#    measured peak memory (max_memory_allocated) beside the cost model's prediction per step (bench/gpu_report.py);
+# 3. tokens/s and MFU of `longpack train` and LongpackTrainer against transformers.Trainer with
+#    DataCollatorWithFlattening and with one row per micro-batch + gradient accumulation, on flash_attention_2 where
+#    flash_attn is installed, else sdpa, on the same rows (bench/hf_throughput.py --gpu).
+# Results go to docs/BENCHMARKS.md with WRITE=1 (the GPU named).
 #
 #   bench/gpu.sh                 # on a machine with a CUDA GPU and this project installed (make install)
 #   DRYRUN=1 bench/gpu.sh        # the same pipeline on CPU with tiny-llama, to check the script itself
@@ -27,6 +32,12 @@ NGPU=${NGPU:-1}
 LAUNCH="$PY"
 [ "$NGPU" -gt 1 ] && LAUNCH="$PY -m torch.distributed.run --nproc-per-node $NGPU"
 echo "bench/gpu.sh: model $MODEL, $DTYPE, $NGPU process(es), outputs in $OUT"
+PARITY_STATUS=0
+if [ "${DRYRUN:-0}" = "1" ]; then
+    "$PY" bench/gpu_parity.py "$OUT/parity" --dry-run --ngpu "$NGPU" || PARITY_STATUS=$?
+else
+    "$PY" bench/gpu_parity.py "$OUT/parity" --ngpu "$NGPU" ${WRITE:+--write} || PARITY_STATUS=$?
+fi
 "$PY" -m longpack.cli calibrate --model "$MODEL" --base "$BASE" --dtype "$DTYPE" --grid "$GRID" --repeats 3 \
     --out "$OUT/calibrated.json" --json > "$OUT/calibrate.json"
 for planner in random_padded bfd isf unified; do
@@ -41,3 +52,8 @@ if [ "$NGPU" -gt 1 ]; then  # LongpackTrainer under Accelerate's FSDP2 (not appl
 fi
 "$PY" bench/gpu_report.py "$OUT" --model "$MODEL" --workload "$WORKLOAD" --steps "$STEPS" --batch "$BATCH" \
     --cap "$CAP" ${WRITE:+--write}
+if [ "${DRYRUN:-0}" != "1" ]; then
+    "$PY" bench/hf_throughput.py --gpu "$NGPU" --rows "${HF_ROWS:-512}" --global-batch "$BATCH" --repeat 1 \
+        --cap "$CAP" ${WRITE:+--write}
+fi
+[ "$PARITY_STATUS" = "0" ] || { echo "bench/gpu.sh: a path left bf16 parity (table above)" >&2; exit 1; }

@@ -15,7 +15,7 @@ The checkpoint is a random-init Qwen2-shaped model (4 layers, hidden 256, GQA 8/
 Reference: ``AutoModelForCausalLM`` (sdpa), each row alone, the step's loss the sum of its rows' token
 cross-entropies over the step's targets, AdamW — once exact (float32 on the GPU, float64 in the dry run) and once
 in the bench dtype: transformers' own rounding. A path passes when every step's loss is within max(2 x
-transformers' own deviation, 1e-3) of the exact curve, relative.
+transformers' own deviation, 1e-3; 1e-6 in the dry run) of the exact curve, relative.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def main() -> None:
     model, rows = prepare(root)
     exact = reference(model, rows, a.steps, exact_dtype, device)
     own = reference(model, rows, a.steps, dtype, device)
-    tol = max(2 * deviation(own, exact), 1e-3)
+    tol = max(2 * deviation(own, exact), 1e-3 if gpu else 1e-6)  # bf16 on the GPU; float32 in the dry run
     arms: list[tuple[str, list[float], str]] = [(f"transformers, unpacked ({dtype})", own, "")]
     arms.append(("documents", *longpack_train(model, rows, a.steps, dtype, 1, gpu, 4096)))
     arms.append(("chain", *longpack_train(model, rows, a.steps, dtype, 1, gpu, 1024)))
