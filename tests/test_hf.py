@@ -140,17 +140,12 @@ def _rows_dataset(rows, labels=None):
     return datasets.Dataset.from_dict(cols)
 
 
-def test_hf_all_labels_masked_gives_loss_0_and_unchanged_weights(tmp_path):
+def test_hf_all_labels_masked_is_refused_when_built(tmp_path):
     ids, _ = hf_case.rows()
     ds = _rows_dataset(ids, [[-100] * len(r) for r in ids])
-    model = hf_case.model()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = LongpackTrainer(model=model, args=hf_case.args(str(tmp_path), 2), train_dataset=ds,
-                              longpack=hf_case.config(1))
-    trainer.train()
-    assert [s["loss"] for s in trainer.longpack_steps] == [0.0, 0.0]
-    assert [s["targets"] for s in trainer.longpack_steps] == [0, 0]
-    assert _weights_close(model.state_dict(), before) == 0.0
+    with pytest.raises(ValueError, match="train_dataset: no row has a target"):
+        LongpackTrainer(model=hf_case.model(), args=hf_case.args(str(tmp_path), 2), train_dataset=ds,
+                        longpack=hf_case.config(1))
 
 
 def test_hf_empty_and_overlong_rows_are_counted_and_reported(tmp_path, capsys):
@@ -237,4 +232,5 @@ def test_hf_trl_long_sft_example_runs_as_written(tmp_path):
     out = proc.stdout + proc.stderr
     plan = re.search(r"plan: 3 steps at CP degrees \[[\d, ]+\], (\d+) pieces sharded over a CP group", out)
     assert plan and int(plan.group(1)) > 0, out[-2000:]
-    assert "longpack: data: 96 samples" in out and len(re.findall(r"\{'loss': '([0-9.]+)'", out)) == 3
+    assert "longpack: data: 96 rows read, 96 samples in this run" in out
+    assert len(re.findall(r"\{'loss': '([0-9.]+)'", out)) == 3

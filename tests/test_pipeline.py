@@ -73,8 +73,10 @@ def test_chunk_pipeline_fsdp_parity_train_cli_pp2_same_loss_and_model_as_one_pro
     piped, _ = _train(*chunk, "--pp", "2", "--nproc", "2", "--output-dir", str(tmp_path / "pp"))
     assert len(piped) == len(plain) == 3
     assert piped[0]["planner_wait_seconds"] > 0 and all(s["planner_wait_seconds"] >= 0 for s in piped[1:])
+    assert max(s["grad_norm"] for s in plain) > 1.0  # the default --max-grad-norm 1.0 clips: stages sum norms
     for a, b in zip(piped, plain, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["targets"] == b["targets"]
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
         pipe = a["pipeline"]
         assert pipe["stage"] == [0, 1] and all(x > 0 for x in pipe["busy_seconds"])
         assert 0 <= pipe["measured_bubble"][0] < 1 and 0 <= pipe["simulated_bubble"][0] < 1
@@ -83,6 +85,7 @@ def test_chunk_pipeline_fsdp_parity_train_cli_pp2_same_loss_and_model_as_one_pro
     assert [s["pipeline"]["stage"] for s in sharded] == [[0, 0, 1, 1]] * 3
     for a, b in zip(sharded, plain, strict=True):  # another plan (DP 2), the same exact steps
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)  # DTensor shards, then stages
     # another plan sums the same gradients in another order, and AdamW divides each by its root mean square: an
     # embedding row whose gradient nearly cancels moves a little apart (3.5e-8 measured, against 1e-3 steps)
     _same_model(tmp_path / "one", tmp_path / "fsdp", atol=1e-7)

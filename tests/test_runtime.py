@@ -69,7 +69,8 @@ def test_train_cli_two_processes_json():
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     steps = [x for x in lines if "step" in x]
     assert [s["step"] for s in steps] == [0, 1, 2] and all(s["tokens"] > 0 and s["loss"] > 0 for s in steps)
-    assert set(steps[0]) == {"step", "loss", "tokens", "targets", "step_seconds", "planner_wait_seconds", "memory"}
+    assert set(steps[0]) == {"step", "loss", "tokens", "targets", "step_seconds", "planner_wait_seconds", "memory",
+                             "lr", "grad_norm"}
     # step 0 waits for the run's header and its own plan; later steps were planned while earlier ones trained
     assert steps[0]["planner_wait_seconds"] > 0 and all(s["planner_wait_seconds"] >= 0 for s in steps)
     mem = steps[0]["memory"]

@@ -45,14 +45,25 @@ def _train(*args):
                           timeout=600)
 
 
-def _plain_training(model_dir, rows_path):
-    """transformers alone: every row unpacked, its own labels, the step's real targets averaged, AdamW."""
+def _torch_cosine(opt, warmup):
+    """torch's own schedulers, built here: linear warmup from lr/(warmup+1), then cosine to 0 at the last step."""
+    from torch.optim import lr_scheduler as sched
+
+    warm = sched.LinearLR(opt, start_factor=1 / (warmup + 1), end_factor=1.0, total_iters=warmup)
+    decay = sched.CosineAnnealingLR(opt, T_max=STEPS - warmup - 1, eta_min=0.0)
+    return sched.SequentialLR(opt, [warm, decay], milestones=[warmup])
+
+
+def _plain_training(model_dir, rows_path, warmup=None, max_norm=None):
+    """transformers alone: every row unpacked, its own labels, the step's real targets averaged, AdamW; with
+    ``warmup``, torch's warmup + cosine schedule; with ``max_norm``, torch's clip_grad_norm_."""
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
                                                               attn_implementation="sdpa")
     model.train()
     rows = [json.loads(x) for x in open(rows_path)]
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    losses = []
+    sched = _torch_cosine(opt, warmup) if warmup is not None else None
+    losses, lrs, norms = [], [], []
     for batch in global_batches(len(rows), BATCH, seed=0, steps=STEPS):
         total = sum(int((np.array(rows[i]["labels"][1:]) != IGNORE).sum()) for i in batch)
         loss = torch.zeros((), dtype=torch.float64)
@@ -62,31 +73,43 @@ def _plain_training(model_dir, rows_path):
             loss = loss + torch.nn.functional.cross_entropy(logits[:-1], labels[1:], ignore_index=IGNORE,
                                                             reduction="sum") / max(total, 1)
         loss.backward()
+        lrs.append(opt.param_groups[0]["lr"])
+        if max_norm is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
         opt.step()
+        if sched is not None:
+            sched.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    return losses, model.state_dict()
+    return losses, model.state_dict(), lrs, norms
 
 
-def _run_longpack(tmp_path, rows):
+def _run_longpack(tmp_path, rows, *flags):
     out = tmp_path / "out"
     proc = _train("--data", str(rows), "--model-path", str(tmp_path / "tiny"), "--output-dir", str(out),
                   "--planner", "unified", "--nproc", "2", "--steps", str(STEPS), "--global-batch", str(BATCH),
-                  "--bucket-size", "64", "--dtype", "float64", "--lr", str(LR), "--json")
+                  "--bucket-size", "64", "--dtype", "float64", "--lr", str(LR), "--json", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     return [x for x in lines if "step" in x], next(x["data"] for x in lines if "data" in x), out
 
 
 def test_hf_parity_fsdp_chunk_train_rows_and_checkpoint(tmp_path):
+    """Also the run around the plan: torch's warmup + cosine schedule (the logged lr per step equals it) and the
+    global gradient norm over both FSDP2 ranks' shards (equal to torch's clip_grad_norm_ on the unpacked model,
+    clipping at 0.5, below every step's norm)."""
     _checkpoint(tmp_path / "tiny")
     rows = _rows(tmp_path / "rows.jsonl")
-    steps, data, out = _run_longpack(tmp_path, rows)
-    ref_losses, ref_state = _plain_training(tmp_path / "tiny", rows)
+    steps, data, out = _run_longpack(tmp_path, rows, "--lr-scheduler", "cosine", "--warmup-steps", "2",
+                                     "--max-grad-norm", "0.5")
+    ref_losses, ref_state, ref_lrs, ref_norms = _plain_training(tmp_path / "tiny", rows, warmup=2, max_norm=0.5)
     assert data["split_samples"] >= 1 and data["rows"]["targets_from"] == "labels"
     assert [s["step"] for s in steps] == list(range(STEPS))
-    for s, ref in zip(steps, ref_losses, strict=True):
+    assert min(ref_norms) > 0.5 and ref_lrs[-1] == 0.0 and max(ref_lrs) == LR  # clipped, warmed up, decayed
+    for s, ref, lr, norm in zip(steps, ref_losses, ref_lrs, ref_norms, strict=True):
         assert s["loss"] == pytest.approx(ref, rel=1e-6)
+        assert s["lr"] == pytest.approx(lr, rel=1e-12, abs=1e-15)
+        assert s["grad_norm"] == pytest.approx(norm, rel=1e-6)
     trained = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64)
     got = trained.state_dict()
     start = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tiny", dtype=torch.float64).state_dict()
@@ -97,15 +120,13 @@ def test_hf_parity_fsdp_chunk_train_rows_and_checkpoint(tmp_path):
     assert moved > 1e-4  # the weights really moved in 4 steps
 
 
-def test_all_labels_masked_give_zero_loss_and_unchanged_weights(tmp_path):
+def test_all_labels_masked_is_refused_in_one_line_before_training(tmp_path):
     _checkpoint(tmp_path / "tiny")
     rows = _rows(tmp_path / "rows.jsonl", all_masked=True)
-    steps, data, out = _run_longpack(tmp_path, rows)
-    assert data["trained_targets"] == 0 and all(s["loss"] == 0.0 and s["targets"] == 0 for s in steps)
-    before = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tiny", dtype=torch.float64).state_dict()
-    after = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).state_dict()
-    for k, v in before.items():
-        assert torch.equal(after[k], v), k
+    proc = _train("--data", str(rows), "--model-path", str(tmp_path / "tiny"), "--nproc", "2", "--steps", "1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("longpack: error:")]
+    assert len(lines) == 1 and "no row has a target" in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_labels_and_completion_mask_give_the_same_targets(tmp_path):

@@ -364,7 +364,16 @@ def train(planner: PlannerName = "unified",
           global_batch: GlobalBatch = 32, steps: Steps = None, seed: Seed = 0,
           bucket_size: Annotated[int, typer.Option(min=1, help="Token cap per rank per micro-batch.")] = 4096,
           max_len: MaxLen = None, overlong: Overlong = "split", opt: Opt = None,
-          lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
+          lr: Annotated[float, typer.Option(help="AdamW learning rate (the peak, with a schedule).")] = 1e-3,
+          lr_scheduler: Annotated[str, typer.Option(help="constant, linear or cosine (decay to --min-lr over the "
+                                                   "run's steps, after the warmup).")] = "constant",
+          warmup_steps: Annotated[int, typer.Option(min=0, help="Steps of linear warmup to --lr.")] = 0,
+          warmup_ratio: Annotated[float, typer.Option(min=0.0, max=0.999, help="Warmup as a share of the run's "
+                                                     "steps (when --warmup-steps is 0).")] = 0.0,
+          min_lr: Annotated[float, typer.Option(min=0.0, help="The rate linear and cosine decay end at.")] = 0.0,
+          max_grad_norm: Annotated[float, typer.Option(min=0.0, help="Clip the global gradient norm (over every rank, "
+                                                      "shard and stage) to this; 0: no clipping.")] = 1.0,
+          weight_decay: Annotated[float, typer.Option(min=0.0, help="AdamW weight decay.")] = 0.0,
           loss: Annotated[str, typer.Option(help="token_mean or sequence_mean, exact over each step.")] =
           "token_mean",
           dtype: Annotated[str, typer.Option(help="float32, float64 or bfloat16.")] = "float32",
@@ -390,7 +399,9 @@ def train(planner: PlannerName = "unified",
           model_path: Annotated[str | None, typer.Option(help="Local Hugging Face checkpoint to fine-tune "
                                                          "(config.json + safetensors).")] = None,
           output_dir: Annotated[str | None, typer.Option(help="Write the trained model here as a Hugging Face "
-                                                         "checkpoint.")] = None,
+                                                         "checkpoint (a new or empty folder).")] = None,
+          overwrite_output_dir: Annotated[bool, typer.Option(help="Allow a non-empty --output-dir: its model files "
+                                                             "are replaced.")] = False,
           fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
                                              "all processes (default when more than one).")] = True,
           ckpt_layers: Annotated[int, typer.Option(min=0, help="Checkpointed layers the plan starts from (the "
@@ -400,7 +411,8 @@ def train(planner: PlannerName = "unified",
     import os
 
     from .runtime.loss import MODES
-    from .runtime.train import TrainArgs, launch
+    from .runtime.preflight import check_checkpoint_dir, check_output_dir
+    from .runtime.train import TrainArgs, launch, one_line, settings
     from .runtime.train import train as run_train
 
     if not lr >= 0:
@@ -417,15 +429,25 @@ def train(planner: PlannerName = "unified",
                        hardware=hardware, cp=cp, global_batch=global_batch, steps=steps, seed=seed,
                        bucket_size=bucket_size, max_len=max_len, overlong=overlong, options=_options(opt),
                        ckpt_layers=ckpt_layers)
-    args = TrainArgs(planner=planner, run=run, lr=lr, loss=loss, dtype=dtype, checkpoint_dir=checkpoint_dir,
+    args = TrainArgs(planner=planner, run=run, lr=lr, lr_scheduler=lr_scheduler, warmup_steps=warmup_steps,
+                     warmup_ratio=warmup_ratio, min_lr=min_lr, max_grad_norm=max_grad_norm,
+                     weight_decay=weight_decay, loss=loss, dtype=dtype, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
-                     fsdp=fsdp, pp=pp, plan_ahead=plan_ahead)
-    if "WORLD_SIZE" in os.environ:
-        run_train(args)
-    else:
-        launch(args, nproc)
+                     overwrite_output_dir=overwrite_output_dir, fsdp=fsdp, pp=pp, plan_ahead=plan_ahead)
+    world = int(os.environ.get("WORLD_SIZE", nproc))
+    check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir)
+    now = {k: v for k, v in settings(args, world).items() if k != "data-content"}  # the rows are not read yet
+    check_checkpoint_dir(checkpoint_dir, resume or resume_if_present, now)
+    try:
+        if "WORLD_SIZE" in os.environ:
+            run_train(args)
+        else:
+            launch(args, nproc)
+    except Exception as exc:  # noqa: BLE001  (this rank's error, one line; under torchrun each rank says its own)
+        rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        raise ValueError(f"{rank}{one_line(exc)}") from None
 
 
 @reproduce_app.command("hbp")

@@ -50,6 +50,23 @@ from typing import Any, NamedTuple
 __all__ = ["Piece", "make_pieces", "MicroBatch", "Replica", "Step", "Plan", "PlanError", "FORMAT", "step_dict"]
 
 FORMAT = "longpack.plan/1"
+MAX_WORLD = 1 << 17  # ranks a plan may name: far above any cluster, far below what would exhaust memory
+MAX_TOKENS = 1 << 40
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise PlanError(f"plan {what}: {value!r} is not true or false")
+    return value
+
+
+def _int(value: Any, what: str, lo: int, hi: int) -> int:
+    """``value`` if it is a JSON integer in [lo, hi]; a :class:`PlanError` naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(f"plan {what}: {value!r} is not an integer")
+    if not lo <= value <= hi:
+        raise PlanError(f"plan {what}: {value} is outside [{lo}, {hi}]")
+    return value
 _Span = tuple[int, int, int, int, int, "int | None"]  # start, stop, step, replica, micro-batch, cp_rank
 
 
@@ -299,20 +316,44 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        """A plan from its JSON form, every field's type and range checked before anything is built from it."""
         if d.get("format") != FORMAT:
             raise PlanError(f"plan format {d.get('format')!r}: expected {FORMAT!r}")
+        world = _int(d["world"], "world", 1, MAX_WORLD)
+        meta = dict(d.get("meta", {}))
+        for key in ("dp", "cp", "tp", "pp"):
+            if key in meta:
+                _int(meta[key], f"meta.{key}", 1, world if key in ("dp", "cp") else MAX_WORLD)
+        for key in ("ckpt_layers", "token_cap"):
+            if meta.get(key) is not None:
+                _int(meta[key], f"meta.{key}", 0, MAX_TOKENS)
+
+        def piece(p: Any, where: str) -> Piece:
+            if not isinstance(p, list) or len(p) not in (3, 4):
+                raise PlanError(f"{where}: a piece is [sample, start, stop(, cp_rank)], got {str(p)[:40]}")
+            rank = None if len(p) == 3 or p[3] is None else _int(p[3], f"{where} cp_rank", 0, world - 1)
+            return Piece(_int(p[0], f"{where} sample", 0, MAX_TOKENS), _int(p[1], f"{where} start", 0, MAX_TOKENS),
+                         _int(p[2], f"{where} stop", 0, MAX_TOKENS), rank)
+
         steps = tuple(
-            Step(cp=st["cp"], token_cap=st["token_cap"], group=st.get("group", ""),
-                 degrees=tuple(int(x) for x in st.get("degrees", ())), replicas=tuple(
+            Step(cp=_int(st["cp"], f"step {s} cp", 1, world), token_cap=_int(st["token_cap"], f"step {s} token_cap",
+                                                                              1, MAX_TOKENS),
+                 group=str(st.get("group", "")),
+                 degrees=tuple(_int(x, f"step {s} degrees", 1, world) for x in st.get("degrees", ())),
+                 replicas=tuple(
                 Replica(micro_batches=tuple(
-                    MicroBatch(pieces=tuple(Piece(*p) for p in mb["pieces"]), ckpt_layers=mb["ckpt"],
-                               recompute=mb["recompute"], pad_to=mb["pad_to"]) for mb in rep))
+                    MicroBatch(pieces=tuple(piece(p, f"step {s}") for p in mb["pieces"]),
+                               ckpt_layers=_int(mb["ckpt"], f"step {s} ckpt", 0, MAX_TOKENS),
+                               recompute=_bool(mb["recompute"], f"step {s} recompute"),
+                               pad_to=_int(mb["pad_to"], f"step {s} pad_to", 0, MAX_TOKENS)) for mb in rep))
                 for rep in st["replicas"]))
-            for st in d["steps"])
-        return cls(planner=d["planner"], world=d["world"], meta=dict(d.get("meta", {})), steps=steps,
-                   lengths={int(k): int(v) for k, v in d["lengths"]},
-                   truncated={int(k): int(v) for k, v in d.get("truncated", [])},
-                   dropped={int(k): str(v) for k, v in d.get("dropped", [])})
+            for s, st in enumerate(d["steps"]))
+        pairs = {name: [(_int(k, f"{name} sample", 0, MAX_TOKENS), v) for k, v in d.get(name, [])]
+                 for name in ("lengths", "truncated", "dropped")}
+        return cls(planner=str(d["planner"]), world=world, meta=meta, steps=steps,
+                   lengths={k: _int(v, f"lengths of sample {k}", 1, MAX_TOKENS) for k, v in pairs["lengths"]},
+                   truncated={k: _int(v, f"truncated sample {k}", 0, MAX_TOKENS) for k, v in pairs["truncated"]},
+                   dropped={k: str(v) for k, v in pairs["dropped"]})
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -321,7 +362,11 @@ class Plan:
             if not isinstance(data, dict):
                 raise TypeError(f"a JSON {type(data).__name__}, not an object")
             return cls.from_dict(data)
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        except RecursionError:
+            raise PlanError("not a longpack plan: its JSON is nested too deeply") from None
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+            if isinstance(exc, PlanError):
+                raise
             raise PlanError(f"not a longpack plan: {exc}") from None
 
 

@@ -22,6 +22,7 @@ Cost: one pass over the file; memory O(tokens).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,10 +87,33 @@ class TokenRows:
     def target_count(self, sample: int, n: int) -> int:
         return int((self.next_targets(sample, n) != IGNORE).sum())
 
+    def digest(self) -> str:
+        """SHA-256 (16 hex digits) of every sample's token ids and targets in order: what a resumed run must train
+        on again. Streamed row by row (no copy of the data); ~1 s per 10^8 tokens."""
+        h = hashlib.sha256()
+        for ids, targets in zip(self.ids, self.targets, strict=True):
+            h.update(np.int64(ids.size).tobytes())
+            h.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+            h.update(np.ascontiguousarray(targets, dtype=np.int64).tobytes())
+        return h.hexdigest()[:16]
+
+    def where(self, record: int) -> str:
+        """Record ``record`` (0-based, blank lines counted) as the file names it: ``rows.jsonl:LINE`` (1-based)
+        for JSONL, ``SOURCE row N`` (0-based, as Parquet and ``datasets`` index) otherwise."""
+        return f"{self.source}:{record + 1}" if self.source.endswith(".jsonl") else f"{self.source} row {record}"
+
+    def located(self, exc: ValueError) -> ValueError:
+        """``exc`` naming its sample by row (``rows.jsonl:16``) where it names one by index (``sample 14``)."""
+        sample = getattr(exc, "sample", None)
+        if sample is None or not 0 <= sample < len(self.rows):
+            return exc
+        return type(exc)(str(exc).replace(f"sample {sample}", self.where(self.rows[sample]), 1), sample)
+
     def describe(self) -> dict[str, Any]:
         counts = [int((t != IGNORE).sum()) for t in self.targets]
         return {"source": self.source, "rows": len(self.ids) + len(self.empty), "planned": len(self.ids),
-                "empty_dropped": len(self.empty), "empty_rows": self.empty[:20], "tokens": int(self.lengths.sum()),
+                "empty_dropped": len(self.empty), "empty_rows": self.empty[:20],
+                "empty_at": [self.where(i) for i in self.empty[:5]], "tokens": int(self.lengths.sum()),
                 "targets": int(sum(counts)), "rows_without_target": int(sum(1 for c in counts if c == 0)),
                 "targets_from": self.target_kind}
 
@@ -97,9 +121,10 @@ class TokenRows:
 Tokenizer = Any  # a transformers tokenizer (local folder), used for text and messages rows
 
 
-def load_rows(path: str | Path, *, mask_column: str | None = None, tokenizer: str | Tokenizer | None = None
-              ) -> TokenRows:
-    """Read rows from JSONL, Parquet or a ``save_to_disk`` folder (see the module docstring)."""
+def load_rows(path: str | Path, *, mask_column: str | None = None, tokenizer: str | Tokenizer | None = None,
+              vocab: int | None = None) -> TokenRows:
+    """Read rows from JSONL, Parquet or a ``save_to_disk`` folder (see the module docstring); ``vocab``: refuse
+    token ids and labels outside it."""
     p = Path(path)
     if not p.exists():
         raise SourceError(f"--data {path}: no such file or folder")
@@ -107,23 +132,33 @@ def load_rows(path: str | Path, *, mask_column: str | None = None, tokenizer: st
     if p.is_dir():
         records: Iterable[tuple[str, dict]] = _hf_records(p)
     elif p.suffix == ".jsonl":
-        records = _jsonl_records(p)
+        records = _jsonl_records(p, blanks=True)  # a blank line is an empty row: counted, not skipped
     elif p.suffix == ".parquet":
         records = _parquet_records(p)
     else:
         raise SourceError(f"--data {path}: expected a .jsonl or .parquet file or a save_to_disk folder")
-    return rows_from_records(records, str(p), mask_column=mask_column, tokenizer=tok, what=f"--data {path}")
+    return rows_from_records(records, str(p), mask_column=mask_column, tokenizer=tok, what=f"--data {path}",
+                             vocab=vocab)
 
 
 def rows_from_records(records: Iterable[tuple[str, dict]], source: str, *, mask_column: str | None = None,
-                      tokenizer: Tokenizer | None = None, what: str | None = None) -> TokenRows:
+                      tokenizer: Tokenizer | None = None, what: str | None = None, vocab: int | None = None
+                      ) -> TokenRows:
     """:class:`TokenRows` of ``(where, record)`` pairs (a file's rows, or a ``datasets.Dataset``'s): targets as in
-    the module docstring, empty rows left out and counted; ``what`` names the data in the error when none is left."""
+    the module docstring, empty rows left out and counted; ``what`` names the data in the error when none is left;
+    ``vocab``: a token id or label outside it is refused, naming the row."""
     out = TokenRows(ids=[], targets=[], rows=[], source=source)
     kinds = set()
     for i, (where, rec) in enumerate(records):
+        if rec is None:
+            out.empty.append(i)
+            continue
         ids, targets, kind = _row(rec, where, mask_column, tokenizer)
         kinds.add(kind)
+        if vocab is not None and ids.size and max(int(ids.max()), int(targets.max())) >= vocab:
+            column, top = ("input_ids", int(ids.max())) if ids.max() >= vocab else (kind, int(targets.max()))
+            raise SourceError(f"{where}: {column} holds {top}, outside the model's vocabulary of {vocab}; tokenize "
+                              "with the model's own tokenizer")
         if ids.size == 0:
             out.empty.append(i)
             continue
@@ -133,6 +168,9 @@ def rows_from_records(records: Iterable[tuple[str, dict]], source: str, *, mask_
     if not out.ids:
         raise SourceError(f"{what or source}: no non-empty rows ({len(out.empty)} empty); nothing to train")
     out.target_kind = "+".join(sorted(kinds))
+    if not any((t != IGNORE).any() for t in out.targets):
+        raise SourceError(f"{what or source}: no row has a target (every label from {out.target_kind} is -100 or "
+                          "masked); nothing to learn: check the labels or the mask column")
     return out
 
 
@@ -165,6 +203,9 @@ def _row(rec: dict, where: str, mask_column: str | None, tok: Tokenizer | None) 
         if rec.get("labels") is not None:
             labels = _int_array(rec["labels"], where, "labels")
             _same_length(labels, ids, where, "labels")
+            if ((labels < 0) & (labels != IGNORE)).any():
+                bad = int(labels[(labels < 0) & (labels != IGNORE)][0])
+                raise SourceError(f"{where}: labels holds {bad}; a label is a token id, or -100 for no target")
             return ids, shift_labels(labels), "labels"
         if mask_column is not None:
             if rec.get(mask_column) is None:

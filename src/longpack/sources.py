@@ -84,10 +84,13 @@ def _text_lines(p: Path) -> list[int]:
     return out
 
 
-def _jsonl_records(p: Path) -> Iterable[tuple[str, dict]]:
+def _jsonl_records(p: Path, blanks: bool = False) -> Iterable[tuple[str, dict | None]]:
+    """(``file:LINE``, object) per line; a blank line is skipped, or yields None with ``blanks``."""
     with p.open() as f:
         for i, line in enumerate(_progress(f, p, "lines"), start=1):
             if not line.strip():
+                if blanks:
+                    yield f"{p}:{i}", None
                 continue
             try:
                 rec = json.loads(line)

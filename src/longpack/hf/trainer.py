@@ -120,7 +120,7 @@ def _records(dataset: Any, columns: list[str]) -> Iterable[tuple[str, dict]]:
         yield f"train_dataset row {i}", rec
 
 
-def dataset_rows(dataset: Any, args: Any) -> TokenRows:
+def dataset_rows(dataset: Any, args: Any, vocab: int | None = None) -> TokenRows:
     """The Trainer's ``train_dataset`` as :class:`TokenRows` (targets chosen as in the module docstring)."""
     names = list(getattr(dataset, "column_names", None) or [])
     if "input_ids" not in names:
@@ -141,7 +141,8 @@ def dataset_rows(dataset: Any, args: Any) -> TokenRows:
         raise ValueError("LongpackTrainer: completion_only_loss=True but train_dataset has no completion_mask "
                          "column (TRL writes it for prompt-completion data)")
     cols = ["input_ids"] + (["labels"] if "labels" in names else []) + ([mask] if mask else [])
-    return rows_from_records(_records(dataset, cols), "train_dataset", mask_column=mask, what="train_dataset")
+    return rows_from_records(_records(dataset, cols), "train_dataset", mask_column=mask, what="train_dataset",
+                             vocab=vocab)
 
 
 class _Steps(torch.utils.data.Dataset):
@@ -187,7 +188,7 @@ class LongpackMixin:
         world, rank = int(self.args.world_size), int(self.args.process_index)
         if world % self.lp.cp:
             raise ValueError(f"LongpackConfig(cp={self.lp.cp}) must divide the number of processes ({world})")
-        self._lp_rows = dataset_rows(self.train_dataset, self.args)
+        self._lp_rows = dataset_rows(self.train_dataset, self.args, int(net.config.vocab_size))
         cut = getattr(self.args, "max_length", None)  # TRL's SFTConfig truncates rows to it while preparing them
         at_cut = int((self._lp_rows.lengths == cut).sum()) if cut else 0
         if at_cut and rank == 0:
@@ -195,10 +196,6 @@ class LongpackMixin:
                           "them before longpack saw them (longpack cannot count what was cut); set "
                           "max_length=None and LongpackConfig(max_len=..., overlong='split'|'truncate'|'drop') to "
                           "have long rows split, or cut and counted", stacklevel=2)
-        vocab = int(net.config.vocab_size)
-        top = max(int(r.max()) for r in self._lp_rows.ids)
-        if top >= vocab:
-            raise ValueError(f"train_dataset: token id {top} is outside the model's vocabulary of {vocab}")
         say = (lambda line: print(f"longpack: note: {config_message(line)}", file=sys.stderr, flush=True)) \
             if rank == 0 else None
         self._lp_ahead = self._lp_plan(net, world, say)
@@ -235,7 +232,7 @@ class LongpackMixin:
             cost = jobs.build_cost(run, spec_of(net.config))
             stream = jobs.plan_stream(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
         except ValueError as exc:
-            raise ValueError(config_message(str(exc))) from None
+            raise ValueError(config_message(str(self._lp_rows.located(exc)))) from None
         return PlanAhead(stream, cfg.plan_ahead, check=check_step)
 
     def get_train_dataloader(self) -> DataLoader:

@@ -35,7 +35,11 @@ OVERLONG_POLICIES = ("split", "truncate", "drop", "error")
 
 
 class OverlongError(ValueError):
-    """A sample longer than every cap under ``--overlong error``."""
+    """A sample longer than every cap under ``--overlong error``; ``sample``: its index in the planned lengths."""
+
+    def __init__(self, message: str, sample: int | None = None) -> None:
+        super().__init__(message)
+        self.sample = sample
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,7 +206,7 @@ def apply_overlong(lengths: np.ndarray, scope: np.ndarray, limit: int, policy: s
     if over.size and policy == "error":
         s = int(over[0])
         raise OverlongError(f"sample {s} has {int(lengths[s])} tokens > limit {limit} (token cap x cp or --max-len);"
-                            " use --overlong split|truncate|drop, a larger --cp, or more checkpointing")
+                            " use --overlong split|truncate|drop, a larger --cp, or more checkpointing", s)
     if policy == "truncate":
         for s in over.tolist():
             truncated[s] = limit

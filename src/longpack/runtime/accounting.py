@@ -36,13 +36,17 @@ def data_report(plan: Plan, source: Source) -> dict[str, Any]:
            "split_samples": int(plan.meta.get("overlong", {}).get("split", 0)),
            "empty_rows_dropped": int(rows.get("empty_dropped", 0)), "rows": rows}
     reasons = sorted({plan.dropped[s] for s in dropped})
-    line = (f"{out['samples']} samples, {out['trained_tokens']:,} of {out['tokens']:,} tokens and "
+    head = f"{out['samples']} samples"
+    if "rows" in rows:  # the user's rows: how many were read, and how many samples this run's steps take of them
+        head = f"{rows['rows']:,} rows read, {out['samples']:,} samples in this run"
+    line = (f"{head}, {out['trained_tokens']:,} of {out['tokens']:,} tokens and "
             f"{out['trained_targets']:,} of {out['targets']:,} targets trained; {out['dropped_samples']} dropped "
             f"({out['dropped_tokens']:,} tokens), {out['truncated_samples']} truncated ({out['truncated_tokens']:,} "
             f"tokens cut), {out['split_samples']} longer than {plan.meta.get('overlong', {}).get('limit', 0):,} tokens "
             "split into chunks")
     if out["empty_rows_dropped"]:
-        line += f"; {out['empty_rows_dropped']} empty rows left out of the plan (rows {rows['empty_rows']})"
+        at = ", ".join(rows["empty_at"]) + (", ..." if out["empty_rows_dropped"] > len(rows["empty_at"]) else "")
+        line += f"; {out['empty_rows_dropped']} empty rows left out of the plan ({at})"
     if reasons:
         line += f"; why dropped: {'; '.join(reasons[:3])}"
     out["line"] = line

@@ -19,9 +19,11 @@ Cost: |grid| x (1 warm-up + ``repeats``) training steps; ~1 minute for tiny-llam
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,11 +92,11 @@ def _worker(rank: int, nproc: int, port: int, spec: ModelSpec, grid: list, repea
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=nproc)
-    times = _measure(spec, grid, repeats, barrier=dist.barrier)
-    gathered: list[Any] = [None] * nproc
-    dist.all_gather_object(gathered, times)
-    if rank == 0:
-        torch.save(gathered, path)
+    times = torch.tensor(_measure(spec, grid, repeats, barrier=dist.barrier), dtype=torch.float64)
+    gathered = [torch.empty_like(times) for _ in range(nproc)]
+    dist.all_gather(gathered, times)
+    if rank == 0:  # plain JSON: nothing is unpickled on the way back
+        Path(path).write_text(json.dumps([g.tolist() for g in gathered]))
     dist.destroy_process_group()
 
 
@@ -117,10 +119,10 @@ def calibrate(spec: ModelSpec, *, base: str = "cpu", repeats: int = 3, threads: 
         from .dist import free_port
 
         with tempfile.TemporaryDirectory() as tmp:
-            path = f"{tmp}/times.pt"
+            path = f"{tmp}/times.json"
             torch.multiprocessing.spawn(_worker, args=(nproc, free_port(), spec, grid, repeats,
                                                        threads or torch.get_num_threads(), path), nprocs=nproc)
-            per_rank = torch.load(path, weights_only=False)
+            per_rank = json.loads(Path(path).read_text())
         measured = [float(np.mean(col)) for col in zip(*per_rank, strict=True)]
     else:
         measured = _measure(spec, grid, repeats, dtype=torch_dtype)

@@ -83,9 +83,10 @@ def _sha(path: Path) -> str:
 
 def save(directory: str | Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          sampler: dict[str, int], fingerprint: str, rank: int, settings: dict[str, Any] | None = None,
-         first_layer: int | None = None) -> Path:
+         first_layer: int | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write step ``step``'s checkpoint (every rank calls it); ``first_layer``: under pipeline parallelism, the
-    global index of this rank's stage's first decoder layer."""
+    global index of this rank's stage's first decoder layer; ``extra``: more JSON for the metadata (the learning-
+    rate scheduler's state)."""
     final = Path(directory) / f"step_{step:08d}"
     tmp = final.with_name(final.name + ".tmp")
     if rank == 0:
@@ -96,7 +97,7 @@ def save(directory: str | Path, step: int, *, model: torch.nn.Module, optimizer:
         rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
         files = {p.name: _sha(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         meta = {"step": step, "sampler": sampler, "plan": fingerprint, "torch_rng": rng, "files": files,
-                "settings": settings or {}}
+                "settings": settings or {}, **(extra or {})}
         (tmp / META).write_text(json.dumps(meta))
     _barrier()
     if rank == 0:

@@ -98,6 +98,10 @@ def save(model: Any, state: dict[str, torch.Tensor], out: str | Path, tokenizer:
     """Write ``state`` (a full, consolidated state dict) as a Hugging Face checkpoint in ``out``."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
+    from .preflight import STALE_WEIGHTS
+
+    for stale in (f for pattern in STALE_WEIGHTS for f in d.glob(pattern)):  # --overwrite-output-dir: no stale shard
+        stale.unlink()
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
     model.config.use_cache = True  # the saved model generates as usual

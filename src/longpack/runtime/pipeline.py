@@ -96,8 +96,9 @@ def forward_estimates(mbs: tuple[MicroBatch, ...], cp: int, cost: Any) -> list[f
 @dataclass(frozen=True)
 class Layout:
     """Where a rank sits in a dp·cp × pp world: its stage, its plan rank, the group of its stage's ranks (gradients
-    are summed there; None when a stage is one rank) and, for tied embeddings, the group of the first and last
-    stages' ranks of its plan rank (None otherwise)."""
+    are summed there; None when a stage is one rank), for tied embeddings, the group of the first and last
+    stages' ranks of its plan rank (None otherwise), and the group of its plan rank's ranks in every stage (the
+    gradient norm is summed there)."""
 
     pp: int
     n: int
@@ -105,6 +106,7 @@ class Layout:
     prank: int
     stage_group: Any = None
     tied_group: Any = None
+    cross_group: Any = None
 
     @property
     def offset(self) -> int:
@@ -119,7 +121,9 @@ class Layout:
         stage, prank = divmod(rank, n)
         stage_groups = [dist.new_group(list(range(s * n, (s + 1) * n))) if n > 1 else None for s in range(pp)]
         tied_groups = [dist.new_group([r, (pp - 1) * n + r]) for r in range(n)] if tied and pp > 1 else [None] * n
-        return cls(pp, n, stage, prank, stage_groups[stage], tied_groups[prank] if stage in (0, pp - 1) else None)
+        cross = [dist.new_group([s * n + r for s in range(pp)]) for r in range(n)]
+        return cls(pp, n, stage, prank, stage_groups[stage], tied_groups[prank] if stage in (0, pp - 1) else None,
+                   cross[prank])
 
 
 @dataclass

@@ -45,6 +45,7 @@ from .data import PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
 from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
+from .optim import build_scheduler, clip_gradients, warmup_of
 from .pipeline import pipeline_phrase
 from .step import check_step, run_micro_batches
 
@@ -64,9 +65,15 @@ class TrainArgs:
     tokenizer: str | None = None
     model_path: str | None = None
     output_dir: str | None = None
+    overwrite_output_dir: bool = False
     fsdp: bool = True
     lr: float = 1e-3
     weight_decay: float = 0.0
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    min_lr: float = 0.0
+    max_grad_norm: float = 1.0
     loss: str = "token_mean"
     dtype: str = "float32"
     checkpoint_dir: str | None = None
@@ -78,6 +85,7 @@ class TrainArgs:
     timeout: float = 600.0
     pp: int = 1
     plan_ahead: int = 4
+    data_content: str | None = None  # the rows' digest (rows.TokenRows.digest), set once they are loaded
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
@@ -92,6 +100,17 @@ class TrainArgs:
             raise ValueError(f"--plan-ahead {self.plan_ahead}: must be >= 0 (0: plan the whole run before step 0)")
         if not self.timeout > 0:
             raise ValueError(f"--timeout {self.timeout}: must be > 0 seconds")
+        from .optim import SCHEDULERS, warmup_of
+
+        if self.lr_scheduler not in SCHEDULERS:
+            raise ValueError(f"--lr-scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+        warmup_of(1, self.warmup_steps, self.warmup_ratio)
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise ValueError(f"--min-lr {self.min_lr:g}: must be in [0, --lr {self.lr:g}]")
+        if not self.max_grad_norm >= 0:
+            raise ValueError(f"--max-grad-norm {self.max_grad_norm}: must be >= 0 (0: no clipping)")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"--weight-decay {self.weight_decay}: must be >= 0")
 
 
 def load_source(args: TrainArgs, vocab: int) -> Source:
@@ -100,12 +119,7 @@ def load_source(args: TrainArgs, vocab: int) -> Source:
         return SyntheticCorpus(vocab, seed=args.run.seed)
     from ..rows import load_rows
 
-    rows = load_rows(args.data, mask_column=args.mask_column, tokenizer=args.tokenizer)
-    top = max(int(r.max()) for r in rows.ids)
-    if top >= vocab:
-        raise ValueError(f"--data {args.data}: token id {top} is outside the model's vocabulary of {vocab}; "
-                         "tokenize with the model's own tokenizer")
-    return rows
+    return load_rows(args.data, mask_column=args.mask_column, tokenizer=args.tokenizer, vocab=vocab)
 
 
 def model_spec(args: TrainArgs) -> ModelSpec:
@@ -138,7 +152,10 @@ def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec:
     else:
         lengths, default_max_len = jobs.load_workload(run)
     cost = jobs.build_cost(run, spec)
-    return jobs.plan_stream(args.planner, lengths, run, cost, default_max_len, note=note), cost
+    try:
+        return jobs.plan_stream(args.planner, lengths, run, cost, default_max_len, note=note), cost
+    except ValueError as exc:  # a sample named by its row in the user's file
+        raise (source.located(exc) if hasattr(source, "located") else exc) from None
 
 
 def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
@@ -182,6 +199,33 @@ def _peer_lost(exc: BaseException) -> bool:
     return any(w in text for w in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe"))
 
 
+class PeerLost(ValueError):
+    """A collective failed because another rank stopped answering: a consequence; the cause is that rank's."""
+
+
+def _step_failure(exc: Exception, step: int, ctx: DistContext, timeout: float) -> Exception:
+    """The error a failed step ends the run with: :class:`PeerLost` saying what the wire showed (no answer within
+    the timeout, or a closed connection), or ``exc`` noted with its step."""
+    text = str(exc).splitlines()[0][:160] if str(exc) else ""
+    if ctx.distributed and isinstance(exc, RuntimeError) and _peer_lost(exc):
+        what = (f"the other ranks did not answer within --timeout {timeout:g} s (a rank froze)"
+                if "timed out" in text.lower() or "timeout" in text.lower()
+                else "another rank closed its connection (it stopped or died; its own error names the cause)")
+        return PeerLost(f"step {step}: {what}: {text}")
+    exc.add_note(f"step {step}")
+    return exc
+
+
+def one_line(exc: BaseException) -> str:
+    """A rank's error in one line: the step it happened at, the exception's type unless it is a user error
+    (ValueError, OSError), and its first line."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    if not isinstance(exc, (ValueError, OSError)):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    steps = [n for n in getattr(exc, "__notes__", []) if n.startswith("step ")]
+    return f"{steps[0]}: {text}" if steps else text
+
+
 def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
     if ctx.rank != 0:
         return
@@ -196,7 +240,8 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
         print("data: " + record["data"]["line"], flush=True)
     else:
         mem = record["memory"]
-        print(f"step {record['step']:5d}  loss {record['loss']:.4f}  targets {record['targets']:6d}  tokens "
+        print(f"step {record['step']:5d}  loss {record['loss']:.4f}  lr {record['lr']:.3g}  grad norm "
+              f"{record['grad_norm']:.3g}  targets {record['targets']:6d}  tokens "
               f"{record['tokens']:6d}  {record['step_seconds']:.3f} s  {record['tokens'] / record['step_seconds']:.0f}"
               f" tokens/s  mem {max(mem['measured_bytes']) / 2**20:.1f} MiB measured / "
               f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})  waited "
@@ -225,7 +270,9 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
             "samples": r.samples, "seed": r.seed, "global-batch": r.global_batch, "cp": r.cp, "nproc": world,
             "bucket-size": r.bucket_size, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
             "ckpt-layers": r.ckpt_layers, "hardware": r.hardware, "loss": args.loss, "lr": args.lr,
-            "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp, "pp": args.pp}
+            "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp, "pp": args.pp,
+            "lr-scheduler": args.lr_scheduler, "warmup-steps": args.warmup_steps, "warmup-ratio": args.warmup_ratio,
+            "min-lr": args.min_lr, "max-grad-norm": args.max_grad_norm, "data-content": args.data_content}
 
 
 def _fingerprint(plan: Plan, n: int, cache: list[dict[str, Any]]) -> str:
@@ -241,10 +288,17 @@ def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, ahead: P
     where = f"--resume: the checkpoint {meta['path']}"
     for flag, now in settings(args, world).items():
         then = meta.get("settings", {}).get(flag, now)
+        if then != now and flag == "data-content":
+            raise ValueError(f"{where} was trained on other rows: the tokens or labels of --data {args.data} differ "
+                             f"from that run's (digest {now} vs {then}); resume with the same data")
         if then != now:
             raise ValueError(f"{where} was made with --{flag} {then!r}, this run has {now!r}; resume with the same "
                              f"--{flag} (only --steps may change)")
     done = int(meta["step"])
+    decays = args.lr_scheduler != "constant" or args.warmup_ratio
+    if decays and meta.get("total_steps", len(ahead)) != len(ahead):
+        raise ValueError(f"{where} was a run of {meta['total_steps']} steps and its --lr-scheduler "
+                         f"{args.lr_scheduler} (or --warmup-ratio) spans them; resume with the same --steps")
     if done > len(ahead):
         raise ValueError(f"{where} has trained {done} steps; --steps {len(ahead)} is fewer")
     waited = ahead.wait(done - 1) if done else 0.0  # the steps already trained are planned again, and compared
@@ -255,8 +309,8 @@ def _check_resumable(meta: dict[str, Any], args: TrainArgs, world: int, ahead: P
 
 
 def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: PlanSampler,
-            ctx: DistContext, ahead: PlanAhead, cache: list[dict[str, Any]], first_layer: int | None = None
-            ) -> float:
+            ctx: DistContext, ahead: PlanAhead, cache: list[dict[str, Any]], first_layer: int | None = None,
+            sched: Any = None) -> float:
     """Continue from the latest checkpoint when asked; the seconds waited on the planner meanwhile."""
     if not (args.resume or args.resume_if_present) or not args.checkpoint_dir:
         return 0.0
@@ -269,6 +323,8 @@ def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer,
                          "--resume-if-present to start at step 0 when there is none")
     waited = _check_resumable(meta, args, ctx.world, ahead, cache)
     sampler.load_state_dict(meta["sampler"])
+    if sched is not None and "scheduler" in meta:
+        sched.load_state_dict(meta["scheduler"])
     return waited
 
 
@@ -343,6 +399,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device)
     source = load_source(args, spec.vocab)
+    if hasattr(source, "digest") and args.checkpoint_dir:  # what a checkpoint records, and a resume compares
+        args = replace(args, data_content=source.digest())
     t_plan = time.perf_counter()
     stream, cost = plan_stream(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
     ahead = PlanAhead(stream, args.plan_ahead, check=check_step)  # steps planned on a thread while others train
@@ -365,6 +423,8 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
     if pipe is not None:
         pipe.model = model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    sched = build_scheduler(opt, args.lr_scheduler, len(ahead), warmup_of(len(ahead), args.warmup_steps,
+                                                                          args.warmup_ratio), args.min_lr)
     prank = pipe.layout.prank if pipe else ctx.rank
     sampler = PlanSampler(plan, prank, steps=len(ahead), ready=ahead.wait)
     groups = CPGroups.build(set(), ctx.world, timeout=args.timeout) if ctx.distributed else None
@@ -375,7 +435,9 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         sync = StepSync(model, ctx.device)
     first_layer = pipe.first_layer if pipe is not None else None
     cache: list[dict[str, Any]] = []  # the planned steps' JSON, for checkpoint fingerprints
-    header += _resume(args, model, opt, sampler, ctx, ahead, cache, first_layer)
+    header += _resume(args, model, opt, sampler, ctx, ahead, cache, first_layer, sched)
+    norm_group = pipe.layout.cross_group if pipe is not None else None  # stages' squared norms add up
+    tied = [pipe.tied_weight] if pipe is not None and pipe.last and pipe.tied_weight is not None else []
     records: list[dict[str, Any]] = []
     chained: set[int] = set()
     t_start = time.perf_counter()
@@ -388,16 +450,17 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
             torch.cuda.reset_peak_memory_stats(ctx.device)
         try:
             stats, peak = run_step(model, plan, step, mbs, source, ctx, groups, args.loss, sync, pipe)
-        except RuntimeError as exc:
-            if ctx.distributed and _peer_lost(exc):
-                raise ValueError(f"step {step}: the other ranks did not answer within --timeout {args.timeout:g} s "
-                                 f"(a rank died or froze): {str(exc).splitlines()[0][:160]}") from None
-            raise
+        except Exception as exc:
+            raise _step_failure(exc, step, ctx, args.timeout) from None
+        lr = float(opt.param_groups[0]["lr"])
+        norm = clip_gradients(model.parameters(), args.max_grad_norm, norm_group, skip=tied)
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
         waited = sampler.waited + (header if not records else 0.0)
-        loss_v, tokens_v, targets_v = stats.tolist()  # the step's one read of the device
-        rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v),
+        loss_v, tokens_v, targets_v, norm_v = torch.cat([stats, norm.reshape(1).to(stats)]).tolist()  # one read
+        rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v), "lr": lr,
+               "grad_norm": norm_v,
                "step_seconds": time.perf_counter() - t0, "planner_wait_seconds": waited,
                "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
         if pipe is not None:
@@ -407,7 +470,8 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt, sampler=sampler.state_dict(),
                             fingerprint=_fingerprint(plan, step + 1, cache), rank=ctx.rank,
-                            settings=settings(args, ctx.world), first_layer=first_layer)
+                            settings=settings(args, ctx.world), first_layer=first_layer,
+                            extra={"scheduler": sched.state_dict(), "total_steps": len(ahead)})
     elapsed = time.perf_counter() - t_start
     total = sum(r["tokens"] for r in records)
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,
@@ -471,9 +535,10 @@ def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any], errors:
         train(args)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # leave together: tearing gloo down under a peer's feet can abort it
-    except (ValueError, OSError) as exc:
-        with open(os.path.join(errors, str(rank)), "w") as f:
-            f.write(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except Exception as exc:  # noqa: BLE001  (every error becomes the rank's one line; a lost peer is marked)
+        lost = isinstance(exc, PeerLost) or (isinstance(exc, RuntimeError) and _peer_lost(exc))
+        with open(os.path.join(errors, f"{rank}.peer" if lost else str(rank)), "w") as f:
+            f.write(one_line(exc))
         sys.exit(2)
     finally:
         if torch.distributed.is_initialized():
@@ -507,10 +572,15 @@ def launch(args: TrainArgs, nproc: int) -> None:
         try:
             while not ctx.join(grace_period=5):  # a failed rank's peers get 5 s to stop, then SIGKILL
                 pass
-        except ProcessException:
-            said = sorted(os.listdir(errors), key=int)
-            if not said:
-                raise  # not a user error: show the traceback
+        except ProcessException as exc:
+            # the cause first: a rank's own error before the peers that saw it leave, then the lowest rank
+            said = sorted(os.listdir(errors), key=lambda n: (n.endswith(".peer"), int(n.split(".")[0])))
+            if not said or said[0].endswith(".peer") and str(exc.error_index) not in {n.split(".")[0] for n in said}:
+                # a rank ended from outside (killed, out of host memory): its end is the cause
+                how = (f"was killed ({exc.signal_name})" if getattr(exc, "signal_name", None)
+                       else f"exited with code {getattr(exc, 'exit_code', '?')}")
+                raise ValueError(f"rank {exc.error_index}: the process {how}; the run stopped (a checkpoint "
+                                 "cut short is never used: --resume takes the last complete one)") from None
             with open(os.path.join(errors, said[0])) as f:
-                raise ValueError(f"rank {said[0]}: {f.read()}") from None
+                raise ValueError(f"rank {said[0].split('.')[0]}: {f.read()}") from None
     sys.stdout.flush()

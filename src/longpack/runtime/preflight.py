@@ -1,0 +1,78 @@
+"""Checks of `longpack train`'s folders made before anything is spawned, loaded or trained: one line each.
+
+* ``--output-dir``: not an existing file, not the ``--model-path`` folder (nor inside it), and empty unless
+  ``--overwrite-output-dir`` (as transformers spells it) — entries that are the run's own ``--checkpoint-dir``
+  aside. It is created here, so a folder that cannot be made fails now, not after training.
+* ``--checkpoint-dir``: a fresh run (no ``--resume``) refuses a folder holding another run's checkpoints, which it
+  would interleave with its own; a resume compares the settings recorded in the newest checkpoint's metadata with
+  this run's (world size included) now, before the ranks load the model. The ranks check again on load, with the
+  checksums and the data's content.
+
+Cost: a directory listing and one small JSON read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["check_output_dir", "check_checkpoint_dir", "STALE_WEIGHTS"]
+
+STALE_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_output_dir(output_dir: str | None, model_path: str | None, checkpoint_dir: str | None,
+                     overwrite: bool) -> None:
+    if not output_dir:
+        return
+    out = Path(output_dir).resolve()
+    flag = f"--output-dir {output_dir}"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag}: is a file, not a folder; give a folder to write the trained model into")
+    if model_path and _inside(out, Path(model_path).resolve()):
+        raise ValueError(f"{flag}: is the --model-path folder the run starts from (its weights would be "
+                         "overwritten); give another folder")
+    if out.is_dir():
+        ckpt = Path(checkpoint_dir).resolve() if checkpoint_dir else None
+        entries = [e for e in out.iterdir() if ckpt is None or not _inside(ckpt, e)]
+        if entries and not overwrite:
+            names = ", ".join(sorted(e.name for e in entries)[:3]) + (", ..." if len(entries) > 3 else "")
+            raise ValueError(f"{flag}: is not empty ({len(entries)} entries: {names}); give a new or empty folder, "
+                             "or --overwrite-output-dir to replace the model files there")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot be created ({exc.strerror}); give a folder you can write to") from None
+    if not os.access(out, os.W_OK):
+        raise ValueError(f"{flag}: is not writable; give a folder you can write to")
+
+
+def _newest(directory: Path) -> Path | None:
+    done = sorted((p for p in directory.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")), reverse=True)
+    return done[0] if done else None
+
+
+def check_checkpoint_dir(checkpoint_dir: str | None, resuming: bool, now: dict[str, Any]) -> None:
+    """``now``: this run's settings by flag (runtime/train.settings), compared with the newest checkpoint's."""
+    if not checkpoint_dir or not Path(checkpoint_dir).is_dir():
+        return
+    newest = _newest(Path(checkpoint_dir))
+    if newest is None:
+        return
+    if not resuming:
+        raise ValueError(f"--checkpoint-dir {checkpoint_dir}: holds another run's checkpoints (newest "
+                         f"{newest.name}); continue it with --resume, or give an empty folder")
+    try:
+        then = json.loads((newest / "longpack.json").read_text()).get("settings", {})
+    except (OSError, ValueError, AttributeError):
+        return  # damaged: the ranks name it and fall back to the one before
+    for flag, value in now.items():
+        if flag in then and then[flag] != value:
+            raise ValueError(f"--resume: the checkpoint {newest} was made with --{flag} {then[flag]!r}, this run "
+                             f"has {value!r}; resume with the same --{flag} (only --steps may change)")

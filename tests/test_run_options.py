@@ -1,0 +1,73 @@
+"""The run around the plan: a learning-rate schedule on torch's schedulers that a resumed run continues exactly,
+gradient clipping on by default, and their flags checked before anything starts. (The parity of the lr curve and
+the gradient norm with plain training: tests/test_train_rows.py; across pipeline stages: tests/test_pipeline.py.)"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+COMMON = ["--workload", "tiny-longtail", "--planner", "isf", "--global-batch", "6", "--dtype", "float64", "--json",
+          "--lr-scheduler", "cosine", "--warmup-steps", "1", "--min-lr", "1e-4"]
+
+
+def _train(*args):
+    return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def _steps(proc):
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
+
+
+def test_a_resumed_run_continues_the_same_lr_curve_bit_identical(tmp_path):
+    from safetensors.torch import load_file
+
+    ck = tmp_path / "ck"
+    whole = _steps(_train("--steps", "4", "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--output-dir",
+                          str(tmp_path / "a")))
+    lrs = [s["lr"] for s in whole]
+    assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(1e-4)
+    assert all(s["grad_norm"] > 0 for s in whole)
+    shutil.rmtree(ck / "step_00000004")  # as if the run had stopped after its checkpoint of step 2
+    rest = _steps(_train("--steps", "4", "--checkpoint-dir", str(ck), "--resume", "--output-dir", str(tmp_path / "b")))
+    assert [s["step"] for s in rest] == [2, 3] and [s["lr"] for s in rest] == lrs[2:]
+    a, b = load_file(os.path.join(tmp_path / "a", "model.safetensors")), load_file(
+        os.path.join(tmp_path / "b", "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    longer = _train("--steps", "6", "--checkpoint-dir", str(ck), "--resume")
+    assert longer.returncode == 2 and "resume with the same --steps" in longer.stderr, longer.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"lr_scheduler": "nosuch"}, "--lr-scheduler 'nosuch': choose one of constant, linear, cosine"),
+    ({"min_lr": 0.5}, "--min-lr 0.5: must be in [0, --lr 0.001]"),
+    ({"max_grad_norm": -1.0}, "--max-grad-norm -1.0: must be >= 0"),
+    ({"warmup_ratio": 1.5}, "--warmup-ratio 1.5: give steps >= 0 and a ratio in [0, 1)"),
+])
+def test_schedule_and_clipping_flags_are_checked_when_given(kw, says):
+    from longpack.runtime.train import TrainArgs
+
+    with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        TrainArgs(**kw)
+
+
+def test_clipping_scales_to_the_norm_and_measures_without_it():
+    from longpack.runtime.optim import clip_gradients
+
+    p, q = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64)), torch.nn.Parameter(torch.zeros(1))
+    p.grad, q.grad = torch.tensor([3.0, 4.0], dtype=torch.float64), None
+    assert float(clip_gradients([p, q], 0.0)) == 5.0 and p.grad.tolist() == [3.0, 4.0]  # measured only
+    assert float(clip_gradients([p, q], 1.0)) == 5.0
+    assert p.grad.tolist() == pytest.approx([0.6, 0.8])
+    # a parameter another stage counts (a tied LM head) is scaled, not counted
+    r = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    r.grad = torch.tensor([12.0], dtype=torch.float64)
+    p.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert float(clip_gradients([p, r], 2.5, skip=[r])) == 5.0 and r.grad.tolist() == pytest.approx([6.0])
