@@ -66,6 +66,36 @@ Opt = Annotated[list[str] | None, typer.Option("--opt", help="Planner option KEY
                                                "rollback=longest, micro_batch_size=1.")]
 
 
+def _load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """``--config FILE``: a YAML (or JSON) mapping of flags, each key a flag as the command spells it without
+    ``--`` (``bucket-size: 8192``, ``fsdp: false``, ``opt: [chunk_size=256]``), made the command's defaults, so a
+    flag given on the command line overrides it. An unknown key or a file that is not a mapping is one line."""
+    if value is None:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(value.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"{value}: cannot be read as YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{value}: a mapping of flags to values, got a {type(data).__name__}")
+    names = {o.lstrip("-"): p.name for p in ctx.command.params if p.name != "config" for o in p.opts}
+    unknown = sorted(str(k) for k in data if str(k) not in names)
+    if unknown:
+        raise typer.BadParameter(f"{value}: no flag {', '.join(unknown)} in `{ctx.info_name}` (keys are its flags "
+                                 "without --, as `--help` lists them)")
+    ctx.default_map = {**(ctx.default_map or {}), **{names[str(k)]: v for k, v in data.items()}}
+    return value
+
+
+Config = Annotated[Path | None, typer.Option("--config", is_eager=True, callback=_load_config,
+                                             help="YAML file of flags (keys as the flags spell them, without --); "
+                                                  "flags on the command line override it.")]
+
+
 def _options(opts: list[str] | None) -> dict[str, Any]:
     """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (ints and floats parsed)."""
     out: dict[str, Any] = {}
@@ -406,7 +436,7 @@ def train(planner: PlannerName = "unified",
                                              "all processes (default when more than one).")] = True,
           ckpt_layers: Annotated[int, typer.Option(min=0, help="Checkpointed layers the plan starts from (the "
                                                    "planner may add more per micro-batch).")] = 0,
-          json_out: Json = False) -> None:
+          json_out: Json = False, config: Config = None) -> None:
     """Fine-tune a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
     import os
 
