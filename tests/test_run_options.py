@@ -71,3 +71,30 @@ def test_clipping_scales_to_the_norm_and_measures_without_it():
     r.grad = torch.tensor([12.0], dtype=torch.float64)
     p.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
     assert float(clip_gradients([p, r], 2.5, skip=[r])) == 5.0 and r.grad.tolist() == pytest.approx([6.0])
+
+
+def test_metrics_file_and_tensorboard_events_per_step(tmp_path):
+    out = tmp_path / "out"
+    steps = _steps(_train("--steps", "3", "--output-dir", str(out)))
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    for line, step in zip(lines, steps, strict=True):
+        assert line["loss"] == step["loss"] and line["lr"] == step["lr"] and line["grad_norm"] == step["grad_norm"]
+        assert line["tokens_per_second"] > 0 and line["memory_measured_bytes"] > 0
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out))
+    events.Reload()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses == pytest.approx([s["loss"] for s in steps], rel=1e-6)  # TensorBoard stores float32
+    assert [e.step for e in events.Scalars("train/lr")] == [0, 1, 2]
+
+
+def test_a_resumed_run_may_find_its_own_metrics_in_the_output_dir(tmp_path):
+    from longpack.runtime.preflight import check_output_dir
+
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    check_output_dir(str(tmp_path), None, None, overwrite=False, resuming=True)
+    with pytest.raises(ValueError, match="is not empty"):
+        check_output_dir(str(tmp_path), None, None, overwrite=False)

@@ -432,6 +432,8 @@ def train(planner: PlannerName = "unified",
                                                          "checkpoint (a new or empty folder).")] = None,
           overwrite_output_dir: Annotated[bool, typer.Option(help="Allow a non-empty --output-dir: its model files "
                                                              "are replaced.")] = False,
+          log_dir: Annotated[str | None, typer.Option(help="Per-step metrics.jsonl (and TensorBoard events when "
+                                                      "tensorboard is installed); default: --output-dir.")] = None,
           fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
                                              "all processes (default when more than one).")] = True,
           ckpt_layers: Annotated[int, typer.Option(min=0, help="Checkpointed layers the plan starts from (the "
@@ -465,9 +467,10 @@ def train(planner: PlannerName = "unified",
                      checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
-                     overwrite_output_dir=overwrite_output_dir, fsdp=fsdp, pp=pp, plan_ahead=plan_ahead)
+                     overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, fsdp=fsdp, pp=pp,
+                     plan_ahead=plan_ahead)
     world = int(os.environ.get("WORLD_SIZE", nproc))
-    check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir)
+    check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir, resume or resume_if_present)
     now = {k: v for k, v in settings(args, world).items() if k != "data-content"}  # the rows are not read yet
     check_checkpoint_dir(checkpoint_dir, resume or resume_if_present, now)
     try:

@@ -28,7 +28,10 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def check_output_dir(output_dir: str | None, model_path: str | None, checkpoint_dir: str | None,
-                     overwrite: bool) -> None:
+                     overwrite: bool, resuming: bool = False) -> None:
+    """See the module docstring; ``resuming``: the run's own metrics files there are expected."""
+    from .metrics import LOG_FILES
+
     if not output_dir:
         return
     out = Path(output_dir).resolve()
@@ -40,7 +43,8 @@ def check_output_dir(output_dir: str | None, model_path: str | None, checkpoint_
                          "overwritten); give another folder")
     if out.is_dir():
         ckpt = Path(checkpoint_dir).resolve() if checkpoint_dir else None
-        entries = [e for e in out.iterdir() if ckpt is None or not _inside(ckpt, e)]
+        entries = [e for e in out.iterdir() if (ckpt is None or not _inside(ckpt, e))
+                   and not (resuming and any(e.match(pattern) for pattern in LOG_FILES))]
         if entries and not overwrite:
             names = ", ".join(sorted(e.name for e in entries)[:3]) + (", ..." if len(entries) > 3 else "")
             raise ValueError(f"{flag}: is not empty ({len(entries)} entries: {names}); give a new or empty folder, "

@@ -45,6 +45,7 @@ from .data import PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
 from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
+from .metrics import MetricsLog
 from .optim import build_scheduler, clip_gradients, warmup_of
 from .pipeline import pipeline_phrase
 from .step import check_step, run_micro_batches
@@ -66,6 +67,7 @@ class TrainArgs:
     model_path: str | None = None
     output_dir: str | None = None
     overwrite_output_dir: bool = False
+    log_dir: str | None = None  # metrics.jsonl (+ TensorBoard events); default: output_dir
     fsdp: bool = True
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -439,6 +441,8 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
     norm_group = pipe.layout.cross_group if pipe is not None else None  # stages' squared norms add up
     tied = [pipe.tied_weight] if pipe is not None and pipe.last and pipe.tied_weight is not None else []
     records: list[dict[str, Any]] = []
+    where = args.log_dir or args.output_dir
+    log = MetricsLog(where) if where and ctx.rank == 0 else None
     chained: set[int] = set()
     t_start = time.perf_counter()
     for step, mbs in sampler:
@@ -467,11 +471,15 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
             rec["pipeline"] = pipe.record(ctx.world, ctx.rank)
         records.append(rec)
         _emit(ctx, args, rec)
+        if log is not None:
+            log.step(rec)
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt, sampler=sampler.state_dict(),
                             fingerprint=_fingerprint(plan, step + 1, cache), rank=ctx.rank,
                             settings=settings(args, ctx.world), first_layer=first_layer,
                             extra={"scheduler": sched.state_dict(), "total_steps": len(ahead)})
+    if log is not None:
+        log.close()
     elapsed = time.perf_counter() - t_start
     total = sum(r["tokens"] for r in records)
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,

@@ -1,0 +1,51 @@
+"""Per-step metrics of `longpack train` in files: ``metrics.jsonl`` (one JSON object per step) and, when the
+``tensorboard`` package is installed, TensorBoard event files through ``torch.utils.tensorboard``.
+
+Rank 0 writes them in ``--log-dir`` (default ``--output-dir``), flushed every step so a killed run keeps what it
+trained; a resumed run appends. Each line: step, loss, lr, grad_norm, tokens, targets, tokens_per_second,
+step_seconds, planner_wait_seconds and the largest measured and predicted memory over ranks (bytes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsLog", "LOG_FILES"]
+
+LOG_FILES = ("metrics.jsonl", "events.out.tfevents.*")  # what a resumed run may find in its own --output-dir
+
+
+class MetricsLog:
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.file = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board: Any = SummaryWriter(log_dir=str(self.dir))
+        except ImportError:  # tensorboard not installed: the JSON lines alone
+            self.board = None
+
+    def step(self, rec: dict[str, Any]) -> None:
+        mem = rec.get("memory", {})
+        line = {k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "targets", "step_seconds",
+                                    "planner_wait_seconds") if k in rec}
+        line["tokens_per_second"] = rec["tokens"] / rec["step_seconds"] if rec.get("step_seconds") else 0.0
+        if mem:
+            line["memory_measured_bytes"] = max(mem["measured_bytes"])
+            line["memory_predicted_bytes"] = max(mem["predicted_bytes"])
+        self.file.write(json.dumps(line) + "\n")
+        self.file.flush()
+        if self.board is not None:
+            for key in ("loss", "lr", "grad_norm", "tokens_per_second", "memory_measured_bytes"):
+                if key in line:
+                    self.board.add_scalar(f"train/{key}", line[key], line["step"])
+            self.board.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.board is not None:
+            self.board.close()
