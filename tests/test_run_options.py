@@ -98,3 +98,12 @@ def test_a_resumed_run_may_find_its_own_metrics_in_the_output_dir(tmp_path):
     check_output_dir(str(tmp_path), None, None, overwrite=False, resuming=True)
     with pytest.raises(ValueError, match="is not empty"):
         check_output_dir(str(tmp_path), None, None, overwrite=False)
+
+
+def test_progress_line_with_steps_tokens_per_second_and_time_left():
+    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, "--steps", "2"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "LONGPACK_PROGRESS": "always"})
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("longpack: train:")]
+    assert proc.returncode == 0 and [x.split(",")[0] for x in lines] == ["longpack: train: 1/2 steps",
+                                                                          "longpack: train: 2/2 steps"], proc.stderr
+    assert all("left (" in x and x.endswith("tokens/s)") for x in lines)

@@ -37,6 +37,7 @@ from ..cost import CostModel
 from ..model import ModelSpec, get_model
 from ..plan import Plan, step_dict
 from ..planners.stream import PlanStream
+from ..progress import Meter
 from . import checkpoint
 from .accounting import chained_samples, data_report
 from .ahead import PlanAhead
@@ -443,10 +444,13 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
     records: list[dict[str, Any]] = []
     where = args.log_dir or args.output_dir
     log = MetricsLog(where) if where and ctx.rank == 0 else None
+    progress: Meter | None = None  # rank 0's line on stderr: steps done, tokens/s, time left
     chained: set[int] = set()
     t_start = time.perf_counter()
     for step, mbs in sampler:
         t0 = time.perf_counter()
+        if ctx.rank == 0 and progress is None:  # from the first step this run trains (a resume's included)
+            progress = Meter("train", len(ahead) - step, ("step",), "steps")
         if groups is not None:
             groups.add(plan.steps[step], ctx.world, args.pp)
         chained |= chained_samples(plan, step)
@@ -473,6 +477,9 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         _emit(ctx, args, rec)
         if log is not None:
             log.step(rec)
+        if progress is not None:
+            progress.hint = f"{sum(r['tokens'] for r in records) / (time.perf_counter() - t_start):,.0f} tokens/s"
+            progress.tick()
         if args.checkpoint_dir and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             checkpoint.save(args.checkpoint_dir, step + 1, model=model, optimizer=opt, sampler=sampler.state_dict(),
                             fingerprint=_fingerprint(plan, step + 1, cache), rank=ctx.rank,
@@ -480,6 +487,8 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
                             extra={"scheduler": sched.state_dict(), "total_steps": len(ahead)})
     if log is not None:
         log.close()
+    if progress is not None:
+        progress.close()
     elapsed = time.perf_counter() - t_start
     total = sum(r["tokens"] for r in records)
     summary = {"tokens_per_second": total / elapsed if elapsed > 0 else 0.0,
