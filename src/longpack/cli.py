@@ -392,6 +392,9 @@ def train(planner: PlannerName = "unified",
           pp: Annotated[int, typer.Option(min=1, help="Pipeline stages: the decoder split over pp processes per "
                                           "plan rank, state-aware 1F1B (with --no-fsdp).")] = 1,
           global_batch: GlobalBatch = 32, steps: Steps = None, seed: Seed = 0,
+          epochs: Annotated[int, typer.Option(min=1, help="Passes over the rows, each a new permutation (seeded "
+                                              "by --seed and the epoch) planned as global batches of its own; "
+                                              "--steps counts over all of them.")] = 1,
           bucket_size: Annotated[int, typer.Option(min=1, help="Token cap per rank per micro-batch.")] = 4096,
           max_len: MaxLen = None, overlong: Overlong = "split", opt: Opt = None,
           lr: Annotated[float, typer.Option(help="AdamW learning rate (the peak, with a schedule).")] = 1e-3,
@@ -460,7 +463,7 @@ def train(planner: PlannerName = "unified",
     run = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
                        hardware=hardware, cp=cp, global_batch=global_batch, steps=steps, seed=seed,
                        bucket_size=bucket_size, max_len=max_len, overlong=overlong, options=_options(opt),
-                       ckpt_layers=ckpt_layers)
+                       ckpt_layers=ckpt_layers, epochs=epochs)
     args = TrainArgs(planner=planner, run=run, lr=lr, lr_scheduler=lr_scheduler, warmup_steps=warmup_steps,
                      warmup_ratio=warmup_ratio, min_lr=min_lr, max_grad_norm=max_grad_norm,
                      weight_decay=weight_decay, loss=loss, dtype=dtype, checkpoint_dir=checkpoint_dir,

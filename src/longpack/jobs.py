@@ -56,6 +56,7 @@ class RunSpec:
     bucket_size: int | None = None
     global_batch: int = 256
     steps: int | None = None
+    epochs: int = 1  # passes over the samples, each its own permutation (planners.global_batches)
     seed: int = 0
     max_len: int | None = None
     overlong: str = "split"
@@ -128,7 +129,7 @@ def _request(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel, 
     spec = check_batch(spec, len(lengths), note)
     if check:
         check_options([planner], spec.options)
-    batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed, steps=spec.steps)
+    batches = global_batches(len(lengths), spec.global_batch, seed=spec.seed, steps=spec.steps, epochs=spec.epochs)
     ctx = PlanContext(cost=cost, seed=spec.seed, options=dict(spec.options))
     return p, batches, ctx, spec.max_len if spec.max_len is not None else default_max_len
 
@@ -140,6 +141,7 @@ def run_plan(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostModel,
     ``--opt`` key the planner does not read (compare checks against all its planners instead); ``note``: where a
     note for the user goes (None: nowhere)."""
     p, batches, ctx, max_len = _request(planner, lengths, spec, cost, default_max_len, check, note)
+    lengths = np.tile(lengths, spec.epochs)  # epoch e's copy of sample i is sample e * n + i
     t0 = time.perf_counter()
     plan = p.plan(lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
     seconds = time.perf_counter() - t0
@@ -152,7 +154,7 @@ def plan_stream(planner: str, lengths: np.ndarray, spec: RunSpec, cost: CostMode
     """The run's plan as a :class:`~longpack.planners.stream.PlanStream`: its header now, each step validated as
     it is planned."""
     p, batches, ctx, max_len = _request(planner, lengths, spec, cost, default_max_len, True, note)
-    return PlanStream(p, lengths, batches, ctx, max_len=max_len, overlong=spec.overlong)
+    return PlanStream(p, np.tile(lengths, spec.epochs), batches, ctx, max_len=max_len, overlong=spec.overlong)
 
 
 def summarize(plan: Plan, cost: CostModel, report: SimReport | None = None) -> dict[str, Any]:

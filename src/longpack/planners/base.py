@@ -177,10 +177,13 @@ def get_planner(name: str) -> Planner:
         raise UnknownNameError(f"unknown planner {name!r}; choose one of: {', '.join(sorted(PLANNERS))}") from None
 
 
-def global_batches(n_samples: int, global_batch: int, *, seed: int = 0, steps: int | None = None) -> list[np.ndarray]:
+def global_batches(n_samples: int, global_batch: int, *, seed: int = 0, steps: int | None = None,
+                   epochs: int = 1) -> list[np.ndarray]:
     """Sample ids of each optimizer step: one seeded permutation cut into ``global_batch``-sized steps.
 
-    The last, smaller batch is kept (never dropped). ``steps`` keeps only the first ``steps`` batches.
+    The last, smaller batch is kept (never dropped). ``steps`` keeps only the first ``steps`` batches. With
+    ``epochs`` > 1, epoch e (from 0) is its own permutation (seeded by ``seed`` and e; epoch 0 as without epochs)
+    of the ids ``e * n_samples + i`` — each epoch's copy of sample i is a sample of its own in the plan.
 
     >>> [b.tolist() for b in global_batches(5, 2, seed=0)]
     [[2, 4], [3, 0], [1]]
@@ -189,8 +192,12 @@ def global_batches(n_samples: int, global_batch: int, *, seed: int = 0, steps: i
         raise ValueError(f"--global-batch {global_batch}: must be >= 1")
     if steps is not None and steps < 1:
         raise ValueError(f"--steps {steps}: must be >= 1")
-    order = np.random.default_rng(seed).permutation(n_samples)
-    batches = [order[i:i + global_batch] for i in range(0, n_samples, global_batch)]
+    if epochs < 1:
+        raise ValueError(f"--epochs {epochs}: must be >= 1")
+    batches = []
+    for e in range(epochs):
+        order = np.random.default_rng(seed if e == 0 else [seed, e]).permutation(n_samples) + e * n_samples
+        batches += [order[i:i + global_batch] for i in range(0, n_samples, global_batch)]
     return batches[:steps] if steps is not None else batches
 
 

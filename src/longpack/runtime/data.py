@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -74,6 +74,26 @@ class Source(Protocol):
     def next_targets(self, sample: int, n: int) -> np.ndarray: ...
 
     def target_count(self, sample: int, n: int) -> int: ...
+
+
+class EpochSource:
+    """``inner`` over several epochs: the plan's sample ``e * n + i`` is epoch e's copy of ``inner``'s sample i
+    (planners.global_batches); everything else is ``inner``'s."""
+
+    def __init__(self, inner: Any, n: int) -> None:
+        self.inner, self.n = inner, n
+
+    def tokens(self, sample: int, n: int) -> np.ndarray:
+        return self.inner.tokens(sample % self.n, n)
+
+    def next_targets(self, sample: int, n: int) -> np.ndarray:
+        return self.inner.next_targets(sample % self.n, n)
+
+    def target_count(self, sample: int, n: int) -> int:
+        return self.inner.target_count(sample % self.n, n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 @dataclass

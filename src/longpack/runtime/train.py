@@ -42,7 +42,7 @@ from . import checkpoint
 from .accounting import chained_samples, data_report
 from .ahead import PlanAhead
 from .context_parallel import CPGroups
-from .data import PlanSampler, Source, SyntheticCorpus
+from .data import EpochSource, PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
 from .fit import check_fits
 from .memory import ActivationMeter, predicted_bytes
@@ -270,7 +270,8 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
     r = args.run
     return {"planner": args.planner, "data": args.data, "mask-column": args.mask_column, "tokenizer": args.tokenizer,
             "model-path": args.model_path, "model": r.model, "workload": r.workload, "lengths": r.lengths_file,
-            "samples": r.samples, "seed": r.seed, "global-batch": r.global_batch, "cp": r.cp, "nproc": world,
+            "samples": r.samples, "seed": r.seed, "epochs": r.epochs, "global-batch": r.global_batch, "cp": r.cp,
+            "nproc": world,
             "bucket-size": r.bucket_size, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
             "ckpt-layers": r.ckpt_layers, "hardware": r.hardware, "loss": args.loss, "lr": args.lr,
             "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp, "pp": args.pp,
@@ -404,6 +405,9 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     source = load_source(args, spec.vocab)
     if hasattr(source, "digest") and args.checkpoint_dir:  # what a checkpoint records, and a resume compares
         args = replace(args, data_content=source.digest())
+    if args.run.epochs > 1:  # the plan's samples are every epoch's copies of the rows
+        n = len(source.lengths) if hasattr(source, "lengths") else len(jobs.load_workload(args.run)[0])
+        source = EpochSource(source, n)
     t_plan = time.perf_counter()
     stream, cost = plan_stream(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
     ahead = PlanAhead(stream, args.plan_ahead, check=check_step)  # steps planned on a thread while others train
