@@ -90,7 +90,7 @@ def pp2_last_stage() -> None:
 def step_no_fsdp() -> None:
     """train.run_step without FSDP: the gradients and the step's statistics all-reduced (world 2)."""
     from longpack.runtime.dist import DistContext
-    from longpack.runtime.train import run_step
+    from longpack.runtime.train_step import run_step
 
     plan = make_plan("isf", 2)
     ctx = DistContext(rank=0, world=WORLD, device=CUDA)
@@ -104,7 +104,7 @@ def step_fsdp_path() -> None:
     unsharded model: FSDP2's own shard init needs a real CUDA build, so its collectives are not run here."""
     from longpack.runtime.dist import DistContext
     from longpack.runtime.parallelize import StepSync
-    from longpack.runtime.train import run_step
+    from longpack.runtime.train_step import run_step
 
     plan = make_plan("isf", 2)
     model = _model()

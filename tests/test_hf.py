@@ -234,3 +234,18 @@ def test_hf_trl_long_sft_example_runs_as_written(tmp_path):
     assert plan and int(plan.group(1)) > 0, out[-2000:]
     assert "longpack: data: 96 rows read, 96 samples in this run" in out
     assert len(re.findall(r"\{'loss': '([0-9.]+)'", out)) == 3
+
+
+def test_hf_two_epochs_train_other_global_batches(tmp_path):
+    """num_train_epochs=2: the Trainer's second epoch trains the plan's second permutation of the rows (each step
+    exactly its global batch's tokens), not the first epoch's batches again."""
+    from longpack.planners import global_batches
+
+    trainer = LongpackTrainer(model=hf_case.model(), args=hf_case.args(str(tmp_path), -1, num_train_epochs=2),
+                              train_dataset=hf_case.labelled(), longpack=hf_case.config(1))
+    trainer.train()
+    n = len(hf_case.LENGTHS)
+    batches = global_batches(n, hf_case.GLOBAL_BATCH, seed=0, epochs=2)
+    assert [s["step"] for s in trainer.longpack_steps] == [0, 1, 2, 3]
+    assert [s["tokens"] for s in trainer.longpack_steps] == [sum(hf_case.LENGTHS[i % n] for i in b) for b in batches]
+    assert [sorted(int(i) % n for i in b) for b in batches[2:]] != [sorted(int(i) for i in b) for b in batches[:2]]

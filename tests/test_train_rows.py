@@ -27,9 +27,9 @@ def _checkpoint(path):
     return path
 
 
-def _rows(path, n=24, all_masked=False):
+def _rows(path, n=24, all_masked=False, seed=3):
     """Rows of 3-60 tokens (one of 150: a chain under a 64-token cap) whose first third is a masked prompt."""
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     lengths = rng.integers(3, 61, n)
     lengths[5] = 150
     with open(path, "w") as f:
@@ -54,7 +54,17 @@ def _torch_cosine(opt, warmup):
     return sched.SequentialLR(opt, [warm, decay], milestones=[warmup])
 
 
-def _plain_training(model_dir, rows_path, warmup=None, max_norm=None):
+def _plain_loss(model, rows_path):
+    """The exact mean loss of ``model`` over the rows' targets (no gradient)."""
+    rows = [json.loads(x) for x in open(rows_path)]
+    total = sum(int((np.array(r["labels"][1:]) != IGNORE).sum()) for r in rows)
+    with torch.no_grad():
+        return sum(float(torch.nn.functional.cross_entropy(
+            model(input_ids=torch.tensor([r["input_ids"]]), use_cache=False).logits[0][:-1],
+            torch.tensor(r["labels"][1:]), ignore_index=IGNORE, reduction="sum")) for r in rows) / total
+
+
+def _plain_training(model_dir, rows_path, warmup=None, max_norm=None, eval_rows=None):
     """transformers alone: every row unpacked, its own labels, the step's real targets averaged, AdamW; with
     ``warmup``, torch's warmup + cosine schedule; with ``max_norm``, torch's clip_grad_norm_."""
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
@@ -63,7 +73,7 @@ def _plain_training(model_dir, rows_path, warmup=None, max_norm=None):
     rows = [json.loads(x) for x in open(rows_path)]
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     sched = _torch_cosine(opt, warmup) if warmup is not None else None
-    losses, lrs, norms = [], [], []
+    losses, lrs, norms, evals = [], [], [], []
     for batch in global_batches(len(rows), BATCH, seed=0, steps=STEPS):
         total = sum(int((np.array(rows[i]["labels"][1:]) != IGNORE).sum()) for i in batch)
         loss = torch.zeros((), dtype=torch.float64)
@@ -81,7 +91,9 @@ def _plain_training(model_dir, rows_path, warmup=None, max_norm=None):
             sched.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    return losses, model.state_dict(), lrs, norms
+        if eval_rows is not None:
+            evals.append(_plain_loss(model, eval_rows))
+    return losses, model.state_dict(), lrs, norms, evals
 
 
 def _run_longpack(tmp_path, rows, *flags):
@@ -95,14 +107,19 @@ def _run_longpack(tmp_path, rows, *flags):
 
 
 def test_hf_parity_fsdp_chunk_train_rows_and_checkpoint(tmp_path):
-    """Also the run around the plan: torch's warmup + cosine schedule (the logged lr per step equals it) and the
+    """Also the run around the plan: torch's warmup + cosine schedule (the logged lr per step equals it), the
     global gradient norm over both FSDP2 ranks' shards (equal to torch's clip_grad_norm_ on the unpacked model,
-    clipping at 0.5, below every step's norm)."""
+    clipping at 0.5, below every step's norm) and the held-out loss every 2 steps."""
     _checkpoint(tmp_path / "tiny")
     rows = _rows(tmp_path / "rows.jsonl")
+    held = _rows(tmp_path / "eval.jsonl", n=6, seed=9)
     steps, data, out = _run_longpack(tmp_path, rows, "--lr-scheduler", "cosine", "--warmup-steps", "2",
-                                     "--max-grad-norm", "0.5")
-    ref_losses, ref_state, ref_lrs, ref_norms = _plain_training(tmp_path / "tiny", rows, warmup=2, max_norm=0.5)
+                                     "--max-grad-norm", "0.5", "--eval-data", str(held), "--eval-every", "2")
+    ref_losses, ref_state, ref_lrs, ref_norms, ref_evals = _plain_training(tmp_path / "tiny", rows, warmup=2,
+                                                                           max_norm=0.5, eval_rows=held)
+    # the held-out loss after steps 2 and 4, on the engine (FSDP2, a chain among the held-out rows too)
+    assert [s.get("eval_loss") for s in steps] == [None, pytest.approx(ref_evals[1], rel=1e-6), None,
+                                                   pytest.approx(ref_evals[3], rel=1e-6)]
     assert data["split_samples"] >= 1 and data["rows"]["targets_from"] == "labels"
     assert [s["step"] for s in steps] == list(range(STEPS))
     assert min(ref_norms) > 0.5 and ref_lrs[-1] == 0.0 and max(ref_lrs) == LR  # clipped, warmed up, decayed

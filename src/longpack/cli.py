@@ -435,6 +435,11 @@ def train(planner: PlannerName = "unified",
                                                          "checkpoint (a new or empty folder).")] = None,
           overwrite_output_dir: Annotated[bool, typer.Option(help="Allow a non-empty --output-dir: its model files "
                                                              "are replaced.")] = False,
+          eval_data: Annotated[str | None, typer.Option(help="Held-out rows (as --data): their exact mean loss, "
+                                                        "run on the training engine, without an optimizer step."
+                                                        )] = None,
+          eval_every: Annotated[int, typer.Option(min=0, help="Evaluate every N steps (0: after the last step "
+                                                  "only).")] = 0,
           log_dir: Annotated[str | None, typer.Option(help="Per-step metrics.jsonl (and TensorBoard events when "
                                                       "tensorboard is installed); default: --output-dir.")] = None,
           fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
@@ -470,7 +475,8 @@ def train(planner: PlannerName = "unified",
                      checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
-                     overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, fsdp=fsdp, pp=pp,
+                     overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, eval_data=eval_data,
+                     eval_every=eval_every, fsdp=fsdp, pp=pp,
                      plan_ahead=plan_ahead)
     world = int(os.environ.get("WORLD_SIZE", nproc))
     check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir, resume or resume_if_present)

@@ -32,6 +32,7 @@ Each epoch replays the same plan. Evaluation and generation run the model's own 
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import warnings
@@ -49,14 +50,14 @@ from ..rows import TokenRows, rows_from_records
 from ..runtime.accounting import data_report
 from ..runtime.ahead import PlanAhead
 from ..runtime.context_parallel import CPGroups
-from ..runtime.data import PlanSampler
+from ..runtime.data import EpochSource, PlanSampler
 from ..runtime.dist import DistContext
 from ..runtime.engine import engine_attention
 from ..runtime.hf_model import check_supported, spec_of
 from ..runtime.loss import MODES
 from ..runtime.runner import model_device
 from ..runtime.step import check_step
-from ..runtime.train import run_step
+from ..runtime.train_step import run_step
 from ..sim import plan_metrics
 
 __all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "longpack_trainer_class", "config_message"]
@@ -198,8 +199,14 @@ class LongpackMixin:
                           "have long rows split, or cut and counted", stacklevel=2)
         say = (lambda line: print(f"longpack: note: {config_message(line)}", file=sys.stderr, flush=True)) \
             if rank == 0 else None
-        self._lp_ahead = self._lp_plan(net, world, say)
+        n = len(self._lp_rows.ids)
+        self._lp_epoch_steps = math.ceil(n / min(self.lp.global_batch, n))  # what the Trainer counts as an epoch
+        max_steps = int(getattr(self.args, "max_steps", -1) or -1)
+        epochs = math.ceil(max_steps / self._lp_epoch_steps if max_steps > 0 else self.args.num_train_epochs)
+        self._lp_ahead = self._lp_plan(net, world, say, max(1, epochs))
         self.plan = self._lp_ahead.plan  # its steps grow as they are planned
+        if epochs > 1:  # every epoch its own permutation of the rows: the plan's samples are their copies
+            self._lp_rows = EpochSource(self._lp_rows, n)
         check_supported(net, max((self.plan.effective_length(s) for s in self.plan.lengths), default=1))
         self.longpack_report = data_report(self.plan, self._lp_rows)
         if rank == 0:
@@ -221,13 +228,13 @@ class LongpackMixin:
                 "longpack/dropped_samples": r["dropped_samples"], "longpack/truncated_samples": r["truncated_samples"],
                 "longpack/split_samples": r["split_samples"]}
 
-    def _lp_plan(self, net: Any, world: int, say: Any) -> PlanAhead:
+    def _lp_plan(self, net: Any, world: int, say: Any, epochs: int) -> PlanAhead:
         cfg = self.lp
         options = dict(cfg.options)
         run = jobs.RunSpec(model=getattr(net.config, "name_or_path", "") or "model", hardware=cfg.hardware,
                            dp=world // cfg.cp, cp=cfg.cp, bucket_size=cfg.token_cap, global_batch=cfg.global_batch,
                            seed=cfg.seed, max_len=cfg.max_len, overlong=cfg.overlong, ckpt_layers=cfg.ckpt_layers,
-                           options=options)
+                           options=options, epochs=epochs)
         try:
             cost = jobs.build_cost(run, spec_of(net.config))
             stream = jobs.plan_stream(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
@@ -236,12 +243,16 @@ class LongpackMixin:
         return PlanAhead(stream, cfg.plan_ahead, check=check_step)
 
     def get_train_dataloader(self) -> DataLoader:
-        # batches of one step (not batch_size=None): the Trainer's resume skips batches through a batch sampler
-        return DataLoader(_Steps(len(self._lp_ahead)), batch_size=1, shuffle=False, collate_fn=_one)
+        # batches of one step (not batch_size=None): the Trainer's resume skips batches through a batch sampler;
+        # one epoch's steps, as the Trainer counts epochs (training_step reads the plan's step from global_step)
+        return DataLoader(_Steps(self._lp_epoch_steps), batch_size=1, shuffle=False, collate_fn=_one)
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
                       ) -> torch.Tensor:
-        step = int(inputs["longpack_step"])
+        step = int(self.state.global_step)  # optimizer steps so far, over every epoch: the plan's next step
+        if step % self._lp_epoch_steps != int(inputs["longpack_step"]):
+            raise RuntimeError(f"LongpackTrainer: the Trainer is at step {step} but its data loader gave step "
+                               f"{int(inputs['longpack_step'])} of an epoch of {self._lp_epoch_steps}")
         net = self.accelerator.unwrap_model(model)
         net.train()
         if self._lp_ctx.device != (dev := model_device(net)):  # where the Trainer placed the model, not args.device

@@ -2,8 +2,9 @@
 ``tensorboard`` package is installed, TensorBoard event files through ``torch.utils.tensorboard``.
 
 Rank 0 writes them in ``--log-dir`` (default ``--output-dir``), flushed every step so a killed run keeps what it
-trained; a resumed run appends. Each line: step, loss, lr, grad_norm, tokens, targets, tokens_per_second,
-step_seconds, planner_wait_seconds and the largest measured and predicted memory over ranks (bytes).
+trained; a resumed run appends. Each line: step, loss, eval_loss (steps that evaluated), lr, grad_norm, tokens,
+targets, tokens_per_second, step_seconds, planner_wait_seconds and the largest measured and predicted memory over
+ranks (bytes).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class MetricsLog:
 
     def step(self, rec: dict[str, Any]) -> None:
         mem = rec.get("memory", {})
-        line = {k: rec[k] for k in ("step", "loss", "lr", "grad_norm", "tokens", "targets", "step_seconds",
-                                    "planner_wait_seconds") if k in rec}
+        line = {k: rec[k] for k in ("step", "loss", "eval_loss", "lr", "grad_norm", "tokens", "targets",
+                                    "step_seconds", "planner_wait_seconds") if k in rec}
         line["tokens_per_second"] = rec["tokens"] / rec["step_seconds"] if rec.get("step_seconds") else 0.0
         if mem:
             line["memory_measured_bytes"] = max(mem["measured_bytes"])
@@ -43,6 +44,8 @@ class MetricsLog:
             for key in ("loss", "lr", "grad_norm", "tokens_per_second", "memory_measured_bytes"):
                 if key in line:
                     self.board.add_scalar(f"train/{key}", line[key], line["step"])
+            if "eval_loss" in line:
+                self.board.add_scalar("eval/loss", line["eval_loss"], line["step"])
             self.board.flush()
 
     def close(self) -> None:

@@ -44,12 +44,14 @@ from .ahead import PlanAhead
 from .context_parallel import CPGroups
 from .data import EpochSource, PlanSampler, Source, SyntheticCorpus
 from .dist import DistContext, all_reduce_sum, free_port, init_distributed, leave
+from .evaluate import Evaluation
 from .fit import check_fits
-from .memory import ActivationMeter, predicted_bytes
+from .memory import predicted_bytes
 from .metrics import MetricsLog
 from .optim import build_scheduler, clip_gradients, warmup_of
 from .pipeline import pipeline_phrase
-from .step import check_step, run_micro_batches
+from .step import check_step
+from .train_step import run_step
 
 __all__ = ["TrainArgs", "train", "build_plan", "plan_stream", "launch", "run_step"]
 
@@ -69,6 +71,8 @@ class TrainArgs:
     output_dir: str | None = None
     overwrite_output_dir: bool = False
     log_dir: str | None = None  # metrics.jsonl (+ TensorBoard events); default: output_dir
+    eval_data: str | None = None
+    eval_every: int = 0  # steps between held-out evaluations (0: at the end only, with eval_data)
     fsdp: bool = True
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -114,6 +118,8 @@ class TrainArgs:
             raise ValueError(f"--max-grad-norm {self.max_grad_norm}: must be >= 0 (0: no clipping)")
         if not self.weight_decay >= 0:
             raise ValueError(f"--weight-decay {self.weight_decay}: must be >= 0")
+        if self.eval_every < 0 or (self.eval_every and not self.eval_data):
+            raise ValueError(f"--eval-every {self.eval_every}: give a number of steps >= 1 with --eval-data FILE")
 
 
 def load_source(args: TrainArgs, vocab: int) -> Source:
@@ -169,6 +175,16 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     if len(ahead):
         ahead.wait(len(ahead) - 1)  # raises the first step that failed
     return replace(stream.plan, steps=tuple(stream.plan.steps)), cost
+
+
+def _evaluation(args: TrainArgs, world: int, spec: ModelSpec) -> Evaluation:
+    """The held-out rows of ``--eval-data`` and their plan: one step of all of them (runtime/evaluate.py)."""
+    from ..rows import load_rows
+
+    rows = load_rows(args.eval_data, mask_column=args.mask_column, tokenizer=args.tokenizer, vocab=spec.vocab)
+    run = replace(args.run, global_batch=len(rows.ids), steps=None, epochs=1)
+    plan, _ = build_plan(replace(args, data=args.eval_data, run=run), world, source=rows, spec=spec, note=None)
+    return Evaluation(plan, rows)
 
 
 def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage: int = 0) -> torch.nn.Module:
@@ -248,7 +264,8 @@ def _emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
               f"{record['tokens']:6d}  {record['step_seconds']:.3f} s  {record['tokens'] / record['step_seconds']:.0f}"
               f" tokens/s  mem {max(mem['measured_bytes']) / 2**20:.1f} MiB measured / "
               f"{max(mem['predicted_bytes']) / 2**20:.1f} predicted ({mem['what']})  waited "
-              f"{record['planner_wait_seconds']:.3f} s on the planner" + pipeline_phrase(record),
+              f"{record['planner_wait_seconds']:.3f} s on the planner" + pipeline_phrase(record)
+              + (f"  eval loss {record['eval_loss']:.4f}" if "eval_loss" in record else ""),
               flush=True)
 
 
@@ -332,51 +349,6 @@ def _resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer,
     return waited
 
 
-def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Source, ctx: DistContext,
-             groups: CPGroups | None, mode: str, sync: Any, pipe: Any = None) -> tuple[torch.Tensor, float]:
-    """Forward/backward of this rank's micro-batches of ``step`` and the gradient sum over every rank holding the
-    same parameters (FSDP2's reduce-scatter through ``sync``, or one all-reduce); returns (loss, tokens, targets)
-    summed over ranks, and this rank's measured activation peak. ``pipe``: this rank's
-    :class:`~longpack.runtime.pipeline.PipelineStage` under pipeline parallelism. ``longpack train`` and the
-    Trainer both run their steps through this."""
-    layout = pipe.layout if pipe is not None else None
-    rank, offset = (layout.prank, layout.offset) if layout else (ctx.rank, 0)
-    cp, cp_rank, group = groups.of(plan.steps[step], rank, offset) if groups else (1, 0, None)
-    meter = ActivationMeter()
-    if sync is not None:
-        sync.begin()
-    with meter.measure(model):
-        if pipe is not None:
-            loss, tokens, targets = pipe.run_step(plan, step, mbs, source, None, mode, cp, cp_rank, group)
-        else:
-            loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode,
-                                                      device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
-    # the step's statistics stay on the device (NCCL takes no host tensor): read once, after the reduction
-    counts = torch.tensor([float(tokens), float(targets)], dtype=torch.float64).to(loss.device)  # one copy
-    stats = torch.cat([loss.to(torch.float64).reshape(1), counts])
-    if sync is not None:
-        sync.end()
-        all_reduce_sum([stats])
-        tied = pipe.tied_weight if pipe is not None else None
-        if tied is not None and layout is not None and layout.tied_group is not None:  # the same shard, both ends
-            all_reduce_sum([tied.grad.to_local()], group=layout.tied_group)
-        return stats, float(meter.peak)
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    if layout is None:
-        all_reduce_sum(grads + [stats])
-    else:  # gradients within the stage (and a tied embedding between the first and last stage); stats everywhere
-        if layout.n > 1:
-            all_reduce_sum(grads, group=layout.stage_group)
-        all_reduce_sum([stats])
-        if layout.tied_group is not None:
-            tied = next(i for i, p in enumerate(params) if p is pipe.tied_weight)
-            all_reduce_sum([grads[tied]], group=layout.tied_group)
-    for p, g in zip(params, grads, strict=True):
-        p.grad = g
-    return stats, float(meter.peak)
-
-
 def _memory(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float,
             prank: int) -> dict[str, Any]:
     on_gpu = ctx.device.type == "cuda"
@@ -413,13 +385,14 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     ahead = PlanAhead(stream, args.plan_ahead, check=check_step)  # steps planned on a thread while others train
     header = time.perf_counter() - t_plan  # the over-long policy over the whole run (the whole plan at depth 0)
     try:
-        return _train(args, ctx, spec, source, ahead, cost, header)
+        evaluation = _evaluation(args, ctx.world, spec) if args.eval_data else None
+        return _train(args, ctx, spec, source, ahead, cost, header, evaluation)
     finally:
         ahead.close()
 
 
 def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, ahead: PlanAhead, cost: CostModel,
-           header: float) -> dict[str, Any]:
+           header: float, evaluation: Evaluation | None = None) -> dict[str, Any]:
     plan = ahead.plan
     # the memory prediction at the run's own activation width (the planning model assumes bf16)
     mem_cost = CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize))
@@ -469,12 +442,18 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        read = [stats, norm.reshape(1).to(stats)]
+        if evaluation is not None and ((args.eval_every and (step + 1) % args.eval_every == 0)
+                                       or step == len(ahead) - 1):
+            read.append(evaluation.run(model, ctx, groups, args.loss, sync, pipe)[:1])
         waited = sampler.waited + (header if not records else 0.0)
-        loss_v, tokens_v, targets_v, norm_v = torch.cat([stats, norm.reshape(1).to(stats)]).tolist()  # one read
+        loss_v, tokens_v, targets_v, norm_v, *held_out = torch.cat(read).tolist()  # the step's one read
         rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v), "lr": lr,
                "grad_norm": norm_v,
                "step_seconds": time.perf_counter() - t0, "planner_wait_seconds": waited,
                "memory": _memory(plan, step, mem_cost, ctx, peak, prank)}
+        if held_out:
+            rec["eval_loss"] = held_out[0]
         if pipe is not None:
             rec["pipeline"] = pipe.record(ctx.world, ctx.rank)
         records.append(rec)
@@ -576,6 +555,8 @@ def launch(args: TrainArgs, nproc: int) -> None:
     spec = model_spec(args)
     check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device)
     stream, _ = plan_stream(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
+    if args.eval_data:
+        _evaluation(args, nproc, spec)  # the held-out rows read and planned: their errors before spawning
     if len(stream):  # the run's first step too: a layout it cannot run is refused before spawning
         stream.next_step()
         check_step(stream.plan, 0)
