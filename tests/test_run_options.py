@@ -84,6 +84,12 @@ def test_metrics_file_and_tensorboard_events_per_step(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from longpack.report.run_curves import write_run_report
+
+    png = write_run_report(out, tmp_path / "curves.png")  # `longpack report --run DIR --out curves.png`
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    page = write_run_report(out, tmp_path / "curves.html")
+    assert "data:image/png;base64," in page.read_text() and "3 steps" in page.read_text()
     events = EventAccumulator(str(out))
     events.Reload()
     losses = [e.value for e in events.Scalars("train/loss")]

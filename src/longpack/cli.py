@@ -365,14 +365,23 @@ def calibrate(out: Annotated[Path, typer.Option(help="HardwareSpec JSON to write
 
 
 @app.command()
-def report(out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("longpack-report.html"),
+def report(out: Annotated[Path, typer.Option(help="HTML file to write (with --run: .png or .html).")] =
+           Path("longpack-report.html"),
+           run: Annotated[Path | None, typer.Option(help="A `longpack train` run's --output-dir/--log-dir: draw its "
+                                                    "loss, lr, gradient norm and tokens/s per step instead.")] = None,
            planners: PlannerNames = "unified,fixed_cp,skrull,isf",
            baseline: Annotated[str, typer.Option(help="Planner the speedups are relative to.")] = "fixed_cp",
            workload: Workload = None, lengths: Lengths = None, column: Column = "length", samples: Samples = None,
            model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1,
            pp: Pp = 1, global_batch: GlobalBatch = 256, steps: Annotated[int, typer.Option(min=1, help="Steps.")] = 4,
            seed: Seed = 0, bucket_size: Bucket = None, max_len: MaxLen = None, opt: Opt = None) -> None:
-    """One self-contained HTML page: comparison table, per-rank load bars, step Gantt chart, memory, lengths."""
+    """One self-contained HTML page: comparison table, per-rank load bars, step Gantt chart, memory, lengths; or,
+    with --run, a training run's curves."""
+    if run is not None:
+        from .report.run_curves import write_run_report
+
+        print(f"wrote {write_run_report(run, out)}")
+        return
     from .report.html import build_report
 
     spec = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
