@@ -157,3 +157,21 @@ def test_two_epochs_train_other_batches_and_resume_mid_epoch_bit_identical(tmp_p
     a, b = load_file(os.path.join(tmp_path / "a", "model.safetensors")), load_file(
         os.path.join(tmp_path / "b", "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_report_to_wandb_offline(tmp_path):
+    pytest.importorskip("wandb")
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, "--steps", "2", "--log-dir",
+                           str(tmp_path / "logs"), "--report-to", "wandb"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = list((tmp_path / "logs" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_report_to_an_unknown_service_is_refused():
+    from longpack.runtime.train import TrainArgs
+
+    with pytest.raises(ValueError, match="--report-to 'comet': choose wandb"):
+        TrainArgs(report_to="comet")

@@ -449,6 +449,8 @@ def train(planner: PlannerName = "unified",
                                                         )] = None,
           eval_every: Annotated[int, typer.Option(min=0, help="Evaluate every N steps (0: after the last step "
                                                   "only).")] = 0,
+          report_to: Annotated[str, typer.Option(help="Also report the per-step metrics to: wandb (installed; "
+                                                 "WANDB_MODE=offline without a network).")] = "",
           log_dir: Annotated[str | None, typer.Option(help="Per-step metrics.jsonl (and TensorBoard events when "
                                                       "tensorboard is installed); default: --output-dir.")] = None,
           fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
@@ -484,9 +486,8 @@ def train(planner: PlannerName = "unified",
                      checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
-                     overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, eval_data=eval_data,
-                     eval_every=eval_every, fsdp=fsdp, pp=pp,
-                     plan_ahead=plan_ahead)
+                     overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, report_to=report_to,
+                     eval_data=eval_data, eval_every=eval_every, fsdp=fsdp, pp=pp, plan_ahead=plan_ahead)
     world = int(os.environ.get("WORLD_SIZE", nproc))
     check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir, resume or resume_if_present)
     now = {k: v for k, v in settings(args, world).items() if k != "data-content"}  # the rows are not read yet

@@ -1,6 +1,9 @@
 """Per-step metrics of `longpack train` in files: ``metrics.jsonl`` (one JSON object per step) and, when the
 ``tensorboard`` package is installed, TensorBoard event files through ``torch.utils.tensorboard``.
 
+With ``--report-to wandb`` (the ``wandb`` package installed; ``WANDB_MODE=offline`` without a network) the same
+lines go to a Weights & Biases run whose files live in the log folder.
+
 Rank 0 writes them in ``--log-dir`` (default ``--output-dir``), flushed every step so a killed run keeps what it
 trained; a resumed run appends. Each line: step, loss, eval_loss (steps that evaluated), lr, grad_norm, tokens,
 targets, tokens_per_second, step_seconds, planner_wait_seconds and the largest measured and predicted memory over
@@ -13,13 +16,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "LOG_FILES"]
+__all__ = ["MetricsLog", "LOG_FILES", "REPORTERS"]
 
-LOG_FILES = ("metrics.jsonl", "events.out.tfevents.*")  # what a resumed run may find in its own --output-dir
+LOG_FILES = ("metrics.jsonl", "events.out.tfevents.*", "wandb")  # what a resumed run may find in its --output-dir
+REPORTERS = ("wandb",)
 
 
 class MetricsLog:
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, report_to: tuple[str, ...] = (), config: dict | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
@@ -29,6 +33,11 @@ class MetricsLog:
             self.board: Any = SummaryWriter(log_dir=str(self.dir))
         except ImportError:  # tensorboard not installed: the JSON lines alone
             self.board = None
+        self.wandb: Any = None
+        if "wandb" in report_to:
+            import wandb
+
+            self.wandb = wandb.init(project="longpack", dir=str(self.dir), config=config or {})
 
     def step(self, rec: dict[str, Any]) -> None:
         mem = rec.get("memory", {})
@@ -47,8 +56,12 @@ class MetricsLog:
             if "eval_loss" in line:
                 self.board.add_scalar("eval/loss", line["eval_loss"], line["step"])
             self.board.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in line.items() if k != "step"}, step=line["step"])
 
     def close(self) -> None:
         self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
         if self.board is not None:
             self.board.close()

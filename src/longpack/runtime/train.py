@@ -23,6 +23,7 @@ Launch: ``torchrun --nproc-per-node N -m longpack.cli train ...`` (gloo on CPU, 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -73,6 +74,7 @@ class TrainArgs:
     log_dir: str | None = None  # metrics.jsonl (+ TensorBoard events); default: output_dir
     eval_data: str | None = None
     eval_every: int = 0  # steps between held-out evaluations (0: at the end only, with eval_data)
+    report_to: str = ""  # comma-separated: wandb
     fsdp: bool = True
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -118,6 +120,14 @@ class TrainArgs:
             raise ValueError(f"--max-grad-norm {self.max_grad_norm}: must be >= 0 (0: no clipping)")
         if not self.weight_decay >= 0:
             raise ValueError(f"--weight-decay {self.weight_decay}: must be >= 0")
+        from .metrics import REPORTERS
+
+        for name in filter(None, self.report_to.split(",")):
+            if name not in REPORTERS:
+                raise ValueError(f"--report-to {name!r}: choose {', '.join(REPORTERS)} (metrics.jsonl and "
+                                 "TensorBoard are always written with a log folder)")
+            if importlib.util.find_spec(name) is None:
+                raise ValueError(f"--report-to {name}: the {name} package is not installed; pip install {name}")
         if self.eval_every < 0 or (self.eval_every and not self.eval_data):
             raise ValueError(f"--eval-every {self.eval_every}: give a number of steps >= 1 with --eval-data FILE")
 
@@ -420,7 +430,10 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
     tied = [pipe.tied_weight] if pipe is not None and pipe.last and pipe.tied_weight is not None else []
     records: list[dict[str, Any]] = []
     where = args.log_dir or args.output_dir
-    log = MetricsLog(where) if where and ctx.rank == 0 else None
+    reporters = tuple(filter(None, args.report_to.split(",")))
+    if reporters and not where:
+        raise ValueError(f"--report-to {args.report_to}: needs --output-dir or --log-dir for its files")
+    log = MetricsLog(where, reporters, settings(args, ctx.world)) if where and ctx.rank == 0 else None
     progress: Meter | None = None  # rank 0's line on stderr: steps done, tokens/s, time left
     chained: set[int] = set()
     t_start = time.perf_counter()
