@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from faults import faulty_env  # tests/faults.py
 
 torch = pytest.importorskip("torch")
 
@@ -137,8 +138,8 @@ def _rows(path):
 
 def test_two_epochs_train_other_batches_and_resume_mid_epoch_bit_identical(tmp_path):
     """12 rows, 6 a step: epoch 1 is steps 0-1, epoch 2 steps 2-3; each step trains exactly its global batch's
-    rows (tokens summed from the plan's permutation); a run stopped after step 3 (mid-epoch 2) and resumed writes
-    the uninterrupted run's weights bit for bit."""
+    rows (tokens summed from the plan's permutation); a run killed after step 3 (mid-epoch 2, as it starts its
+    4th checkpoint) and resumed writes the uninterrupted run's weights bit for bit."""
     from safetensors.torch import load_file
 
     from longpack.planners import global_batches
@@ -146,12 +147,18 @@ def test_two_epochs_train_other_batches_and_resume_mid_epoch_bit_identical(tmp_p
     rows = _rows(tmp_path / "rows.jsonl")
     lengths = [5 + 3 * i for i in range(12)]
     ck = tmp_path / "ck"
-    flags = ["--data", rows, "--epochs", "2", "--checkpoint-dir", str(ck)]
-    whole = _steps(_train(*flags, "--checkpoint-every", "1", "--output-dir", str(tmp_path / "a")))
+    flags = ["--data", rows, "--epochs", "2"]
+    whole = _steps(_train(*flags, "--output-dir", str(tmp_path / "a")))
     batches = global_batches(12, 6, seed=0, epochs=2)
     assert [s["tokens"] for s in whole] == [sum(lengths[i % 12] for i in b) for b in batches]
     assert {int(i) % 12 for i in batches[2]} != {int(i) % 12 for i in batches[0]}  # epoch 2 reshuffled
-    shutil.rmtree(ck / "step_00000004")
+    flags = ["--data", rows, "--epochs", "2", "--checkpoint-dir", str(ck)]  # killed entering its 4th checkpoint
+    killed = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *flags, "--checkpoint-every",
+                             "1"], capture_output=True, text=True, timeout=300,
+                            env=faulty_env(tmp_path, "kill", rank=0, at=4))
+    trained = [x for x in killed.stdout.splitlines() if x.startswith('{"step"')]
+    assert killed.returncode == -9 and len(trained) == 4, killed.stderr[-2000:]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step_")) == [f"step_0000000{i}" for i in (1, 2, 3)]
     rest = _steps(_train(*flags, "--resume", "--output-dir", str(tmp_path / "b")))
     assert [s["step"] for s in rest] == [3] and rest[0]["loss"] == whole[3]["loss"]
     a, b = load_file(os.path.join(tmp_path / "a", "model.safetensors")), load_file(

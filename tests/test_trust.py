@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from faults import faulty_env  # noqa: E402  (tests/faults.py)
 
 from longpack.runtime.preflight import check_checkpoint_dir, check_output_dir
 
@@ -149,60 +150,17 @@ def test_a_label_outside_the_vocabulary_is_one_line_before_spawning(tmp_path):
     assert seconds < 20, seconds
 
 
-# Faults no input check can catch (test-only; loaded at interpreter start through PYTHONPATH): on rank FAULT_RANK,
-# FAULT_KIND "raise" makes the first step raise IndexError; "kill" kills the process as it starts a checkpoint.
-FAULT = '''
-import importlib.util, os, signal, sys
-
-TARGET = {"raise": ("longpack.runtime.train", "run_step"), "kill": ("longpack.runtime.checkpoint", "save")}
-
-class _Hook:
-    def find_spec(self, name, path, target=None):
-        module_name, attr = TARGET[os.environ["FAULT_KIND"]]
-        if name != module_name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            real = getattr(module, attr)
-
-            def faulty(*a, **k):
-                if os.environ.get("RANK", "0") == os.environ["FAULT_RANK"]:
-                    if os.environ["FAULT_KIND"] == "kill":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    raise IndexError("index 999 is out of bounds for dimension 0 with size 256")
-                return real(*a, **k)
-            setattr(module, attr, faulty)
-        spec.loader.exec_module = exec_module
-        return spec
-
-if os.environ.get("FAULT_RANK"):
-    sys.meta_path.insert(0, _Hook())
-'''
-
-
-def _faulty(tmp_path, kind):
-    import os
-
-    (tmp_path / "sitecustomize.py").write_text(FAULT)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-            "FAULT_RANK": "1", "FAULT_KIND": kind}
-
-
 def test_a_rank_killed_while_writing_a_checkpoint_is_one_line(tmp_path):
     args = [*COMMON, "--steps", "2", "--nproc", "2", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every",
             "1", "--timeout", "300"]
     proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *args], capture_output=True, text=True,
-                          timeout=300, env=_faulty(tmp_path, "kill"))
+                          timeout=300, env=faulty_env(tmp_path, "kill"))
     _one_line(proc, "rank 1: the process was killed (SIGKILL)")
 
 
 @pytest.mark.parametrize("launcher", ["nproc", "torchrun"])
 def test_the_failing_ranks_own_error_reaches_the_user_at_once(tmp_path, launcher):
-    env = _faulty(tmp_path, "raise")
+    env = faulty_env(tmp_path, "raise")
     args = ["-m", "longpack.cli", "train", *COMMON, "--steps", "2", "--timeout", "300"]
     cmd = (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args] if launcher == "torchrun"
            else [*args, "--nproc", "2"])

@@ -461,9 +461,11 @@ def train(planner: PlannerName = "unified",
     """Fine-tune a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
     import os
 
+    from .runtime.failure import one_line
+    from .runtime.launch import launch
     from .runtime.loss import MODES
     from .runtime.preflight import check_checkpoint_dir, check_output_dir
-    from .runtime.train import TrainArgs, launch, one_line, settings
+    from .runtime.train import TrainArgs, settings
     from .runtime.train import train as run_train
 
     if not lr >= 0:

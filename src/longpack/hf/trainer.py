@@ -12,7 +12,7 @@ What it does, through the Trainer's public extension points:
   of training (runtime/ahead.py); a step that cannot run is refused, naming it, when training reaches it.
 * **Step.** ``gradient_accumulation_steps`` is 1 and each dataloader item is one plan step; ``training_step`` runs
   this rank's micro-batches of it through the same function as ``longpack train``
-  (:func:`longpack.runtime.train.run_step`): the model's attention is switched to the longpack implementation for
+  (:func:`longpack.runtime.train_step.run_step`): the model's attention is switched to the longpack implementation for
   the step (runtime/engine.py: document-masked attention from the plan's boundaries, the zigzag K/V exchange of
   pieces sharded over the rank's CP group, chunk chains, the plan's per-micro-batch checkpointing), every target
   weighted by the step's global target count, and the gradient summed over every rank once: one all-reduce

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["SCHEDULERS", "build_scheduler", "warmup_of", "clip_gradients"]
+__all__ = ["SCHEDULERS", "check_schedule", "build_scheduler", "warmup_of", "clip_gradients"]
 
 SCHEDULERS = ("constant", "linear", "cosine")
 
@@ -31,15 +31,21 @@ def warmup_of(total: int, steps: int, ratio: float) -> int:
     return steps if steps else int(ratio * total)
 
 
+def check_schedule(kind: str, lr: float, min_lr: float, warmup_steps: int, warmup_ratio: float) -> None:
+    """Refuse a schedule that cannot be built, naming the flag."""
+    if kind not in SCHEDULERS:
+        raise ValueError(f"--lr-scheduler {kind!r}: choose one of {', '.join(SCHEDULERS)}")
+    if not 0.0 <= min_lr <= lr:
+        raise ValueError(f"--min-lr {min_lr:g}: must be in [0, --lr {lr:g}]")
+    warmup_of(1, warmup_steps, warmup_ratio)
+
+
 def build_scheduler(opt: torch.optim.Optimizer, kind: str, total: int, warmup: int, min_lr: float) -> Any:
     """The schedule of ``total`` optimizer steps (see the module docstring)."""
     from torch.optim import lr_scheduler as sched
 
-    if kind not in SCHEDULERS:
-        raise ValueError(f"--lr-scheduler {kind!r}: choose one of {', '.join(SCHEDULERS)}")
     lr = float(opt.param_groups[0]["lr"])
-    if not 0.0 <= min_lr <= lr:
-        raise ValueError(f"--min-lr {min_lr:g}: must be in [0, --lr {lr:g}]")
+    check_schedule(kind, lr, min_lr, warmup, 0.0)
     warmup = min(warmup, max(total - 1, 0))
     rest = max(total - warmup, 1)
     if kind == "cosine":

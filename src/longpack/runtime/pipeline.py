@@ -1,30 +1,17 @@
-"""Pipeline parallelism: the decoder split into P stages (processes), each step's micro-batches run in the order of
-ChunkFlow's state-aware 1F1B schedule (sim/pipeline.py), activations and their gradients sent point to point.
+"""Pipeline parallelism: the decoder split into P stage processes, each step's micro-batches run in ChunkFlow's
+state-aware 1F1B order (sim/pipeline.py), activations and their gradients sent point to point.
 
-Layout. World = pp · n with n = dp·cp the plan's ranks: global rank = stage · n + plan rank, so stage s of plan
-rank r talks to ranks r + (s ± 1)·n. Stage s keeps decoder layers [a_s, b_s) of a contiguous near-equal split;
-stage 0 also the embeddings, the last stage the final norm and LM head (:func:`split_model`). Every stage of a
-replica runs the same plan, so each rank knows every activation's shape (its rows of the micro-batch × hidden):
-no shapes travel, only tensors.
+Each stage executes its op list from :func:`~longpack.sim.pipeline.schedule` in order: F receives its input (stage 0
+embeds tokens), runs its layers and sends the output on (the last stage computes the loss); B receives the output's
+gradient, backpropagates (injecting a chain's later chunks' dK/dV as runtime/chunked.py does) and sends the input's
+gradient back; R re-runs a dropped chunk's forward from its kept input. Chains keep one K/V store per stage; CP
+pieces use the same attention callbacks as without PP, inside the stage's CP group. Shapes never travel: every
+stage runs the same plan. Sends are asynchronous, receives blocking and tagged by item, so a valid schedule cannot
+deadlock. Gradients are summed within the stage (FSDP2 or one all-reduce), and a tied embedding's between the
+first and last stage. Measured: each op's wall time (busy), and the makespan − busy (idle), per stage.
 
-Schedule. The replica's micro-batches become pipeline items (forward time from the cost model, chained where they
-hold chunks of one sample, ``recompute`` as planned); :func:`~longpack.sim.pipeline.schedule` gives each stage its
-op list (F forward, R recompute, B backward), which the stage executes in order: F receives its input from the
-previous stage (stage 0 embeds tokens), runs its layers and sends its output on (the last stage computes the
-loss); B receives the output's gradient from the next stage, backpropagates (injecting the dK/dV a chain's later
-chunks sent to its keys and values, exactly as runtime/chunked.py) and sends the input's gradient back; R re-runs
-a dropped chunk's forward from its kept input. Chains keep one K/V store per stage for its own layers; sharded
-chunks and CP pieces use the same attention callbacks as without PP, their collectives inside the stage's CP
-group. Sends are asynchronous (``isend``), receives blocking and tagged by item, so the per-stage orders of a
-valid schedule cannot deadlock.
-
-Why not ``torch.distributed.pipelining``: its schedules take equal-shape micro-batches split from one batch and a
-fixed op order per schedule class; a plan's micro-batches differ in length, carry chains whose backward must run
-descending with injected K/V gradients, and follow the state-aware order, so the stage loop is written here.
-
-Gradients are summed within the stage's ranks (FSDP2 over the stage's mesh, runtime/parallelize.py, or one
-all-reduce), and a tied embedding's between the first and last stage. Measured: each op's wall time; busy =
-their sum, idle = the pipeline's makespan − busy, per stage.
+Guarantee: the same gradients as one process (tests/test_pipeline.py). Layout: runtime/stages.py. Why the stage
+loop is written here rather than on ``torch.distributed.pipelining``: docs/EXECUTION.md, "Pipeline stages".
 """
 
 from __future__ import annotations
@@ -43,45 +30,14 @@ from .chunked import KVStore, _ChunkPass
 from .context_parallel import CPAttention, rank_pieces
 from .data import Packed, Source
 from .dist import all_reduce_sum
-from .engine import decoder_layers, num_layers
 from .loss import step_targets, token_weights
 from .runner import forward_loss, model_device, prepare
 from .sharded_chain import ShardedChainPass, ShardedKVStore
+from .stages import Layout, pipeline_phrase, split_model, stage_bounds
 from .step import _documents, chain_segments
 
 __all__ = ["stage_bounds", "split_model", "Layout", "PipelineStage",
            "forward_estimates", "pipeline_phrase"]
-
-
-def stage_bounds(layers: int, pp: int) -> list[tuple[int, int]]:
-    """Contiguous near-equal layer ranges of ``pp`` stages (the first stages take the remainder).
-
-    >>> stage_bounds(5, 2)
-    [(0, 3), (3, 5)]
-    """
-    if pp > layers:
-        raise ValueError(f"--pp {pp}: the model has {layers} decoder layers; give at most {layers} stages")
-    base, extra = divmod(layers, pp)
-    out, a = [], 0
-    for s in range(pp):
-        b = a + base + (1 if s < extra else 0)
-        out.append((a, b))
-        a = b
-    return out
-
-
-def split_model(model: Any, stage: int, pp: int) -> Any:
-    """Keep stage ``stage``'s layers of a transformers CausalLM (in place): the embeddings only on stage 0, the final
-    norm and LM head only on the last stage (identity elsewhere). Layer indices stay global."""
-    a, b = stage_bounds(num_layers(model), pp)[stage]
-    inner = model.model
-    inner.layers = torch.nn.ModuleList(decoder_layers(model)[a:b])
-    if stage > 0:
-        inner.embed_tokens = None
-    if stage < pp - 1:
-        inner.norm = torch.nn.Identity()
-        model.lm_head = torch.nn.Identity()
-    return model
 
 
 def forward_estimates(mbs: tuple[MicroBatch, ...], cp: int, cost: Any) -> list[float]:
@@ -91,39 +47,6 @@ def forward_estimates(mbs: tuple[MicroBatch, ...], cp: int, cost: Any) -> list[f
 
     return forward_seconds(mbs, [float(micro_batch_times(mb, cp, cost)[0].max()) if mb.pieces else 0.0
                                  for mb in mbs])
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a rank sits in a dp·cp × pp world: its stage, its plan rank, the group of its stage's ranks (gradients
-    are summed there; None when a stage is one rank), for tied embeddings, the group of the first and last
-    stages' ranks of its plan rank (None otherwise), and the group of its plan rank's ranks in every stage (the
-    gradient norm is summed there)."""
-
-    pp: int
-    n: int
-    stage: int
-    prank: int
-    stage_group: Any = None
-    tied_group: Any = None
-    cross_group: Any = None
-
-    @property
-    def offset(self) -> int:
-        return self.stage * self.n
-
-    @classmethod
-    def build(cls, rank: int, world: int, pp: int, tied: bool) -> Layout:
-        """Every rank creates every group, in the same order (torch.distributed's rule)."""
-        if world % pp:
-            raise ValueError(f"--pp {pp} must divide the number of processes ({world})")
-        n = world // pp
-        stage, prank = divmod(rank, n)
-        stage_groups = [dist.new_group(list(range(s * n, (s + 1) * n))) if n > 1 else None for s in range(pp)]
-        tied_groups = [dist.new_group([r, (pp - 1) * n + r]) for r in range(n)] if tied and pp > 1 else [None] * n
-        cross = [dist.new_group([s * n + r for s in range(pp)]) for r in range(n)]
-        return cls(pp, n, stage, prank, stage_groups[stage], tied_groups[prank] if stage in (0, pp - 1) else None,
-                   cross[prank])
 
 
 @dataclass
@@ -373,16 +296,3 @@ def _check_message_order(ops: list[list[tuple[str, int, float, float]]]) -> None
         if len(orders) > 1:
             raise ValueError(f"the pipeline schedule runs its {kind} ops in different item orders on different "
                              f"stages ({sorted(orders)[:2]}); point-to-point messages would cross")
-
-
-def pipeline_phrase(record: dict[str, Any]) -> str:
-    """The step line's pipeline part: busy seconds per stage and the bubble, measured against simulated."""
-    pipe = record.get("pipeline")
-    if not pipe:
-        return ""
-    per_stage: dict[int, float] = {}
-    for stage, busy in zip(pipe["stage"], pipe["busy_seconds"], strict=True):
-        per_stage[stage] = max(per_stage.get(stage, 0.0), busy)
-    busy = "/".join(f"{per_stage[s]:.2f}" for s in sorted(per_stage))
-    return (f"  pp busy {busy} s, bubble {max(pipe['measured_bubble']):.0%} measured / "
-            f"{max(pipe['simulated_bubble']):.0%} simulated")

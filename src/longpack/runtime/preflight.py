@@ -63,7 +63,7 @@ def _newest(directory: Path) -> Path | None:
 
 
 def check_checkpoint_dir(checkpoint_dir: str | None, resuming: bool, now: dict[str, Any]) -> None:
-    """``now``: this run's settings by flag (runtime/train.settings), compared with the newest checkpoint's."""
+    """``now``: this run's settings by flag (runtime/train_args.settings), compared with the newest checkpoint's."""
     if not checkpoint_dir or not Path(checkpoint_dir).is_dir():
         return
     newest = _newest(Path(checkpoint_dir))

@@ -1,0 +1,90 @@
+"""``longpack train --nproc N``: spawn N local processes running :func:`~longpack.runtime.train.train`, after
+checking in the parent what can be checked before spawning (the model fits, the plan and its first step, the
+held-out rows); a failed rank's one line is reported once, the cause before the peers that saw it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from .. import jobs
+from .dist import free_port, leave
+from .failure import PeerLost, one_line, peer_lost
+from .fit import check_fits
+from .run_plan import held_out, model_spec, plan_stream
+from .step import check_step
+from .train import train
+from .train_args import DTYPES, TrainArgs
+
+__all__ = ["launch"]
+
+
+def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any], errors: str) -> None:
+    """One spawned rank: a user error (or a rank that stopped answering) becomes one line in ``errors/RANK`` and
+    exit code 2, for :func:`launch` to report once."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    args_dict = dict(args_dict)
+    args_dict["run"] = jobs.RunSpec(**args_dict["run"])
+    args = TrainArgs(**args_dict)
+    if args.threads is None:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        train(args)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # leave together: tearing gloo down under a peer's feet can abort it
+    except Exception as exc:  # noqa: BLE001  (every error becomes the rank's one line; a lost peer is marked)
+        lost = isinstance(exc, PeerLost) or (isinstance(exc, RuntimeError) and peer_lost(exc))
+        with open(os.path.join(errors, f"{rank}.peer" if lost else str(rank)), "w") as f:
+            f.write(one_line(exc))
+        sys.exit(2)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    leave()  # the group is gone; flush and exit without interpreter teardown (gloo's race there)
+
+
+def launch(args: TrainArgs, nproc: int) -> None:
+    """Spawn ``nproc`` local processes (gloo on CPU) running :func:`train`; rank 0 prints."""
+    if nproc < 1:
+        raise ValueError(f"--nproc {nproc}: must be >= 1")
+    # fail fast in the parent with a clear message, before allocating or spawning anything
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    spec = model_spec(args)
+    check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device)
+    stream, _ = plan_stream(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
+    if args.eval_data:
+        held_out(args, nproc, spec)  # the held-out rows read and planned: their errors before spawning
+    if len(stream):  # the run's first step too: a layout it cannot run is refused before spawning
+        stream.next_step()
+        check_step(stream.plan, 0)
+    if nproc == 1:
+        train(args)
+        return
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    with tempfile.TemporaryDirectory(prefix="longpack-errors-") as errors:
+        ctx = mp.start_processes(_worker, args=(nproc, free_port(), asdict(args), errors), nprocs=nproc, join=False,
+                                 start_method="spawn")
+        try:
+            while not ctx.join(grace_period=5):  # a failed rank's peers get 5 s to stop, then SIGKILL
+                pass
+        except ProcessException as exc:
+            # the cause first: a rank's own error before the peers that saw it leave, then the lowest rank
+            said = sorted(os.listdir(errors), key=lambda n: (n.endswith(".peer"), int(n.split(".")[0])))
+            if not said or said[0].endswith(".peer") and str(exc.error_index) not in {n.split(".")[0] for n in said}:
+                # a rank ended from outside (killed, out of host memory): its end is the cause
+                how = (f"was killed ({exc.signal_name})" if getattr(exc, "signal_name", None)
+                       else f"exited with code {getattr(exc, 'exit_code', '?')}")
+                raise ValueError(f"rank {exc.error_index}: the process {how}; the run stopped (a checkpoint "
+                                 "cut short is never used: --resume takes the last complete one)") from None
+            with open(os.path.join(errors, said[0])) as f:
+                raise ValueError(f"rank {said[0].split('.')[0]}: {f.read()}") from None
+    sys.stdout.flush()

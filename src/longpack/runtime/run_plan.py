@@ -1,0 +1,86 @@
+"""The run's inputs, made identically on every rank: the rows (:func:`load_source`), the model's shapes
+(:func:`model_spec`), the plan as a stream or whole (:func:`plan_stream`, :func:`build_plan`), and the held-out rows'
+one-step plan (:func:`held_out`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from .. import jobs
+from ..cost import CostModel
+from ..model import ModelSpec, get_model
+from ..plan import Plan
+from ..planners.stream import PlanStream
+from .ahead import PlanAhead
+from .data import Source, SyntheticCorpus
+from .evaluate import Evaluation
+from .step import check_step
+from .train_args import TrainArgs
+
+__all__ = ["load_source", "model_spec", "plan_stream", "build_plan", "held_out"]
+
+
+def load_source(args: TrainArgs, vocab: int) -> Source:
+    """The user's rows (``--data``) or the synthetic corpus of a built-in workload."""
+    if args.data is None:
+        return SyntheticCorpus(vocab, seed=args.run.seed)
+    from ..rows import load_rows
+
+    return load_rows(args.data, mask_column=args.mask_column, tokenizer=args.tokenizer, vocab=vocab)
+
+
+def model_spec(args: TrainArgs) -> ModelSpec:
+    """The shapes the cost model plans with: the checkpoint's config, or the preset."""
+    if args.model_path is None:
+        return get_model(args.run.model)
+    from transformers import AutoConfig
+
+    from .hf_model import spec_of
+
+    return spec_of(AutoConfig.from_pretrained(args.model_path, local_files_only=True))
+
+
+def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
+                note: Any = jobs.say) -> tuple[PlanStream, CostModel]:
+    """The run's plan as a stream (its header now, each step when asked), which every rank makes identically (same
+    inputs, same seed), and its cost model; ``note``: where notes for the user go (one process says them)."""
+    run = args.run
+    if world % args.pp:
+        raise ValueError(f"--pp {args.pp} must divide the number of processes ({world})")
+    world //= args.pp  # the plan's ranks: one pipeline's stages run each plan rank's micro-batches
+    if run.cp < 1 or world % run.cp:
+        raise ValueError(f"--cp {run.cp} must divide the number of processes per pipeline stage ({world})")
+    run = replace(run, dp=world // run.cp, pp=args.pp)
+    spec = spec or model_spec(args)
+    if args.data is not None:
+        source = source if source is not None else load_source(args, spec.vocab)
+        lengths, default_max_len = source.lengths, None  # type: ignore[attr-defined]
+        run = replace(run, workload=None, lengths_file=args.data)
+    else:
+        lengths, default_max_len = jobs.load_workload(run)
+    cost = jobs.build_cost(run, spec)
+    try:
+        return jobs.plan_stream(args.planner, lengths, run, cost, default_max_len, note=note), cost
+    except ValueError as exc:  # a sample named by its row in the user's file
+        raise (source.located(exc) if hasattr(source, "located") else exc) from None
+
+
+def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
+               note: Any = jobs.say) -> tuple[Plan, CostModel]:
+    """The whole plan (:func:`plan_stream` planned up front, every step checked runnable) and its cost model."""
+    stream, cost = plan_stream(args, world, source, spec, note)
+    ahead = PlanAhead(stream, 0, check=check_step)
+    if len(ahead):
+        ahead.wait(len(ahead) - 1)  # raises the first step that failed
+    return replace(stream.plan, steps=tuple(stream.plan.steps)), cost
+
+
+def held_out(args: TrainArgs, world: int, spec: ModelSpec) -> Evaluation:
+    """The held-out rows of ``--eval-data`` and their plan: one step of all of them (runtime/evaluate.py)."""
+    from ..rows import load_rows
+
+    rows = load_rows(args.eval_data, mask_column=args.mask_column, tokenizer=args.tokenizer, vocab=spec.vocab)
+    run = replace(args.run, global_batch=len(rows.ids), steps=None, epochs=1)
+    plan, _ = build_plan(replace(args, data=args.eval_data, run=run), world, source=rows, spec=spec, note=None)
+    return Evaluation(plan, rows)
