@@ -2,7 +2,7 @@
 
     python bench/mixed_groups.py [--cells qwen2.5-7b:32:chunkflow-eval ...] [--steps 4] [--write]
 
-A step's replicas may be CP groups of several sizes (``Step.degrees``, FlexSP's heterogeneous groups: PAPERS.md,
+A step's replicas may be CP groups of several sizes (``Step.degrees``, FlexSP's heterogeneous groups, compared in
 HBP's Table 12). The unified planner makes such steps by default (``--opt mixed_groups``, planners/groups.py: its
 sharding kept, one greedy layout per split of the world, one micro-batch per group, kept where the simulator says it
 is at least 3% faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step) and

@@ -2,7 +2,7 @@
 
     python bench/pipeline_bubble.py [--unit 512] [--steps 3] [--write]
 
-1. **The paper's toy** (PAPERS.md §3.4): micro-batches of 4, 2, 1, 1 units, PP 4, on 4 gloo processes — a Llama of
+1. **The paper's toy** (ChunkFlow Fig. 2): micro-batches of 4, 2, 1, 1 units, PP 4, on 4 gloo processes — a Llama of
    4 decoder layers (one per stage, hidden 512), a unit being ``--unit`` tokens of packed 128-token documents so
    that forward time follows tokens. Run as plain 1F1B (simulated bubble 4/7 = 57.14%), and ChunkFlow's variant:
    the 4-unit sequence as one document in two chunks of 2 units with K = 2 beside bins of 2 + 1 + 1 (47.83%). The

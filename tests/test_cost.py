@@ -93,7 +93,7 @@ def test_token_cap_rises_with_checkpointing_and_min_ckpt_finds_it():
 
 
 def test_skrull_flops_crossover_and_growth_for_qwen_0_5b():
-    """PAPERS.md §1: the quadratic term overtakes the linear one near 4-5K; FLOPs(32K)/FLOPs(4K) ≈ 30-34."""
+    """Skrull's observation: the quadratic term overtakes the linear one near 4-5K; FLOPs(32K)/FLOPs(4K) ≈ 30-34."""
     m = get_model("qwen2.5-0.5b")
     h, hkv = m.hidden, m.kv_heads * m.head_dim
     crossover = next(s for s in range(1, 20_000) if 4 * h * s * s >= (20 * h * h + 4 * h * hkv) * s)
@@ -105,7 +105,7 @@ def test_skrull_flops_crossover_and_growth_for_qwen_0_5b():
 def test_qwen_7b_crossover_near_18k():
     m = get_model("qwen2.5-7b")
     h, hkv = m.hidden, m.kv_heads * m.head_dim
-    assert 17_000 <= (20 * h * h + 4 * h * hkv) / (4 * h) <= 19_000  # PAPERS.md §1: "about 18K"
+    assert 17_000 <= (20 * h * h + 4 * h * hkv) / (4 * h) <= 19_000  # Qwen2.5-7B's crossover: about 18K
 
 
 @pytest.mark.parametrize("model,published", [("qwen2.5-0.5b", 26_000), ("qwen2.5-7b", 13_000)])

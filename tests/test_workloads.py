@@ -1,4 +1,4 @@
-"""Each built-in generator reproduces its published statistics (WORKLOADS.md)."""
+"""Each built-in generator reproduces its published statistics (docs/WORKLOADS.md)."""
 
 import numpy as np
 import pytest

@@ -13,14 +13,14 @@ attention work of ``pairs`` (query, key) pairs split into blocks of ``q`` querie
 * Attention pairs of a piece covering tokens [a, b) of its document: ``causal · (b² − a²)`` where the causal
   factor 0.5 (explicit, :attr:`TrainConfig.causal_factor`) says a kernel skips the masked half. A whole document
   of length s costs ``causal · s²``; a packed micro-batch costs **Σ s_i², never (Σ s_i)²**, since documents never
-  attend to each other (PAPERS.md §1, HBP App. D). A chunk [a, b) attends to all earlier K/V, hence b² − a².
-* Efficiency falls for small work (PAPERS.md §2.1, Fig. 1b): a sequence sharded over N ranks with a zigzag split
+  attend to each other (Skrull App. C.2, HBP App. D). A chunk [a, b) attends to all earlier K/V, hence b² − a².
+* Efficiency falls for small work (Skrull Fig. 1b): a sequence sharded over N ranks with a zigzag split
   gives each rank blocks of q = s/(2N) queries, which run at q/(q + q_half) of peak attention speed.
 
 Memory (per rank): ``static + fragmentation · α(k) · tokens + reserve (+ stored K/V of chunk chains)``.
 ``static`` = bf16 weights + bf16 grads + fp32 master/Adam moments (2 + 2 + 12 bytes/param) sharded by ZeRO stage
 over the dp·cp group; ``α(k)`` = bytes per token of activations with k checkpointed layers; the token cap
-(BucketSize, PAPERS.md §2.3) is the largest token count that fits.
+(Skrull's BucketSize, App. C.1) is the largest token count that fits.
 
 Communication: a sharded sequence's K/V is all-gathered over the CP group in forward, again in backward (and in
 recompute), and its gradient reduce-scattered, per layer; each collective costs
@@ -257,7 +257,7 @@ class CostModel:
 
     def kv_store_bytes(self, prefix_tokens: float | np.ndarray) -> float | np.ndarray:
         """K/V kept for ``prefix_tokens`` earlier tokens of a chunk chain (ChunkFlow's state store), for the
-        layers of this pipeline stage: 2·layers·S·h_kv·bytes (PAPERS.md §3.3), divided by tp."""
+        layers of this pipeline stage: 2·layers·S·h_kv·bytes (ChunkFlow's K/V state), divided by tp."""
         return prefix_tokens * self._kv_bytes_per_token * self.layers
 
     def memory_bytes(self, tokens: float | np.ndarray, ckpt_layers: int | None = None,

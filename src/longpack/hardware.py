@@ -5,13 +5,13 @@ A :class:`HardwareSpec` carries everything the cost model needs to turn FLOPs, b
 * ``peak_flops`` (dense bf16) and the achievable fractions ``mfu_gemm`` / ``mfu_attn``;
 * small-work efficiency loss: a GEMM over n tokens runs at ``n / (n + gemm_half_tokens)`` of its best speed and an
   attention block with q queries at ``q / (q + attn_half_len)`` (Skrull Fig. 1b: short sequences sharded over a
-  large CP group run far below peak, PAPERS.md §2.1);
+  large CP group run far below peak);
 * ``layer_overhead_s``: fixed launch cost per layer per micro-batch (forward + backward); ``doc_overhead_s``: per
   document (or zigzag block) per layer — zero for varlen kernels on GPU, which take a whole packed stream in one
   call; the CPU path calls attention once per distinct document length, and ``longpack calibrate`` measures it;
 * memory: capacity, a reserve for the runtime and allocator, a fragmentation factor on activations;
 * collectives: measured latency (µs) by message size (MB), interpolated piecewise-linearly with the smallest
-  entry as the latency floor (PAPERS.md §2.3 Table 5 is the default, measured on H100 NVLink/IB).
+  entry as the latency floor (Skrull App. C.3 Table 5 is the default, measured on H100 NVLink/IB).
 
 Presets: ``h100``, ``h200``, ``a100`` and ``cpu`` (2-core gloo host; replace with ``longpack calibrate``).
 Specs round-trip through JSON so that ``--hardware my.json`` accepts a calibrated file.
@@ -39,7 +39,7 @@ __all__ = ["HardwareSpec", "HARDWARE_PRESETS", "get_hardware", "load_hardware", 
 
 MB = 2**20
 
-# Skrull App. C.3 Table 5 (PAPERS.md §2.3): µs by message size in MB, measured on H100.
+# Skrull App. C.3 Table 5 : µs by message size in MB, measured on H100.
 _SIZES_MB = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SKRULL_H100_TABLE: dict[str, tuple[tuple[float, float], ...]] = {
     name: tuple(zip(_SIZES_MB, us, strict=True))

@@ -91,7 +91,8 @@ class ModelSpec:
     @property
     def kv_width(self) -> int:
         """K plus V numbers per token per layer: what CP all-gathers. For MLA, K/V are exchanged after the
-        up-projection (as Megatron's MLA context parallelism does), so they are as wide as MHA (PAPERS.md §4.8)."""
+        up-projection (as Megatron's MLA context parallelism does), so they are as wide as MHA (HBP App. C, on
+        DeepSeek-V2)."""
         if self.mla:
             return self.heads * (self.qk_nope_dim + self.qk_rope_dim + self.v_head_dim)
         return 2 * self.kv_heads * self.head_dim
@@ -141,7 +142,7 @@ class ModelSpec:
     @property
     def attn_flops_per_pair(self) -> float:
         """Forward FLOPs per (query, key) pair per layer: QK^T (2 x q_width) plus PV (2 x v_width).
-        For a standard model this is 4h, the ``4·b·h·S²`` of Skrull's formula (PAPERS.md §1)."""
+        For a standard model this is 4h, the ``4·b·h·S²`` of Skrull's formula (Skrull App. C.2)."""
         return 2.0 * (self.q_width + self.v_width)
 
     @property
@@ -150,7 +151,7 @@ class ModelSpec:
         return 2.0 * self.hidden * self.vocab
 
     def skrull_layer_flops(self, s: Any) -> Any:
-        """Skrull's per-layer forward FLOPs for one sequence (PAPERS.md §1):
+        """Skrull's per-layer forward FLOPs for one sequence (Skrull App. C.2):
         ``20·h²·S + 4·h·h_kv·S + 4·h·S²`` with h_kv = KV heads x head dim. It assumes a 4h non-gated MLP,
         so it under-counts gated MLPs (Qwen2.5-0.5B's is 5.4h wide and gated); kept to check the paper's claims."""
         h, h_kv = self.hidden, self.kv_heads * self.head_dim

@@ -1,4 +1,4 @@
-"""Loss normalisers as pure functions over plan-known token counts (HBP §4.6, PAPERS.md; LongAlign).
+"""Loss normalisers as pure functions over plan-known token counts (HBP's stable Ave-Token loss; LongAlign).
 
 Each function takes the loss-token counts of the samples on every rank — ``counts[r]`` lists rank r's samples
 (over all its micro-batches of the step) — and returns per-sample weights ``w[r][i]``: rank r's loss is

@@ -24,7 +24,7 @@ Invariants (:meth:`Plan.validate`; messages name step, replica, micro-batch and 
    state stays where it was made: sharded over the group, or on one CP rank).
 4. Shape: ``cp`` divides ``world``; world // cp replicas per step, all with the same micro-batch count. A step with
    ``degrees`` instead has one replica per degree, each dividing ``world``, summing to it, the largest equal to
-   ``cp``: its replicas are CP groups of several sizes (FlexSP's heterogeneous groups; PAPERS.md, HBP Table 12),
+   ``cp``: its replicas are CP groups of several sizes (FlexSP's heterogeneous groups, compared in HBP Table 12),
    ranks numbered group after group in replica order. Uniform steps leave ``degrees`` empty (and out of the JSON).
 5. Determinism: :meth:`Plan.to_json` is canonical (sorted keys, no floats from planning), so equal plans are
    byte-identical.

@@ -1,4 +1,4 @@
-"""Built-in workloads: seeded sequence-length generators that reproduce published statistics (WORKLOADS.md).
+"""Built-in workloads: seeded sequence-length generators that reproduce published statistics (docs/WORKLOADS.md).
 
 Real datasets cannot be downloaded here, so each workload is a generator of token lengths matching what the papers
 publish. Where a CDF is published (Skrull Table 1, ChunkFlow's evaluation set) the generator samples the inverse
@@ -97,7 +97,7 @@ def _mixture(short: Callable, long: Callable, long_share: float) -> Callable[[np
     return sample
 
 
-# Published points (Skrull Table 1, PAPERS.md §2.1); the first knot and the median are our assumptions.
+# Published points (Skrull Table 1); the first knot and the median are our assumptions.
 _WIKI = ((32, 0.0), (300, 0.5), (K, 0.8788), (4 * K, 0.9934), (8 * K, 0.9992), (32 * K, 0.9999), (78_000, 1.0))
 _LMSYS = ((16, 0.0), (200, 0.5), (K, 0.8712), (4 * K, 0.9935), (8 * K, 0.9987), (32 * K, 0.9998),
           (128 * K, 0.9999), (1_643_000, 1.0))

@@ -7,7 +7,7 @@ micro-batches and spread them over DP replicas:
 =================  ===========================================================================================
 ``random_padded``  random order, greedy micro-batches padded to their longest (HBP Table 3 "random")
 ``sorted``         LongAlign sorted batching: sort by length, consecutive micro-batches padded to their
-                   longest, shuffled and dealt round-robin to replicas (Skrull §2.10, HBP §4.9)
+                   longest, shuffled and dealt round-robin to replicas (Skrull's and HBP's baselines)
 ``isf`` ``ffd``    naive packing to a fixed length with one packer (HBP's ISF baseline, Table 13's packers);
 ``bfd`` ``spfhp``  packs shuffled and dealt round-robin, one pack per micro-batch
 ``fixed_cp``       DeepSpeed-style (Skrull's baseline): each replica takes a contiguous slice of the batch and
@@ -211,7 +211,7 @@ class SPFHP(PackedBaseline):
 
 @register
 class FixedCP(Planner):
-    """DeepSpeed-style fixed CP (Skrull's baseline, PAPERS.md §2.12): replica r takes the r-th contiguous slice
+    """DeepSpeed-style fixed CP (Skrull's baseline): replica r takes the r-th contiguous slice
     of the global batch and packs it in arrival order (next fit) into micro-batches up to the token cap; every
     sequence is sharded over the whole CP group, whatever its length.
 
@@ -239,7 +239,7 @@ class FixedCP(Planner):
 
 @register
 class OneSeq(Planner):
-    """Megatron-style (ChunkFlow's baseline, PAPERS.md §3.9): micro-batch size 1, every sequence sharded over a
+    """Megatron-style (ChunkFlow's baseline): micro-batch size 1, every sequence sharded over a
     CP group sized for the longest, sequences dealt round-robin to replicas in batch order."""
 
     name = "one_seq"

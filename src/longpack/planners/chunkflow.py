@@ -1,13 +1,13 @@
-"""ChunkFlow (ICML 2025, PAPERS.md §3): uniform chunks and state-aware chunk scheduling.
+"""ChunkFlow (ICML 2025, arXiv 2503.02356): uniform chunks and state-aware chunk scheduling.
 
 Per global batch, with ChunkSize C (option ``chunk_size``) and K (option ``k``, default 1):
 
-1. **Chunk construction** (Algorithm 1, §3.2). A sequence longer than C becomes a chain of dependent chunks
+1. **Chunk construction** (Algorithm 1). A sequence longer than C becomes a chain of dependent chunks
    [0, C), [C, 2C), ...; shorter sequences are packed first-fit-decreasing into the fewest standalone chunks of
    capacity C. A chain's last, short piece seeds a chunk that short sequences may fill: that keeps chunks
    uniform and stays exact, because documents never attend to each other and the piece is still the chain's
    last chunk in order (its chunk is the chain's last micro-batch).
-2. **State-aware scheduling** (Algorithm 2, §3.3). Forward ascending, backward descending (the runtime's order).
+2. **State-aware scheduling** (Algorithm 2). Forward ascending, backward descending (the runtime's order).
    Only the last K chunks of a chain keep activations; the first N − K are marked ``recompute`` (activations
    dropped after forward, recomputed before their backward, in descending order — chunk i's dK/dV is complete only
    after every later chunk's backward, so the ascending order printed in secondary sources would be wrong).

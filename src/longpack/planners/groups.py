@@ -1,4 +1,4 @@
-"""A step laid out again on CP groups of several sizes (Step.degrees; FlexSP's heterogeneous groups, PAPERS.md HBP
+"""A step laid out again on CP groups of several sizes (Step.degrees; FlexSP's heterogeneous groups, compared in HBP
 Table 12), for the unified planner's ``mixed_groups`` option.
 
 One CP degree per step makes every sharded sample pay the exchange of the widest group the step needs: on

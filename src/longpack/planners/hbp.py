@@ -1,4 +1,4 @@
-"""HBP (NeurIPS 2025, PAPERS.md §4): hierarchical balance packing with per-group SP degree and checkpointing.
+"""HBP (NeurIPS 2025, arXiv 2503.07680): hierarchical balance packing with per-group SP degree and checkpointing.
 
 HBP plans the whole dataset offline, as the paper does: it regroups samples by length, so its optimizer steps do
 not follow the shared global batches (every sample of the plan's scope is still scheduled exactly once).
@@ -12,16 +12,17 @@ not follow the shared global batches (every sample of the plan's scope is still 
    l_i tokens (per-rank tokens ceil(s/sp_i) within l_i/sp_i). Nothing is skipped: a sample longer than l_n follows
    the over-long policy (split into a chain of l_n pieces by default), and is counted.
 3. **GreedyFill** (J.2, option ``greedy_fill``, default on): the samples of under-full packs of shorter groups
-   (packs below ISF's acceptance threshold — our reading of "remaining", PAPERS.md §4.5) top up the packs of longer
+   (packs below ISF's acceptance threshold — our reading of "remaining", HBP Algorithm 2) top up the packs of longer
    groups, largest groups first, longest samples first; what is left is re-packed in its own group.
 4. **Attention balance** (J.3, option ``balance``, default on): each group's packs are sorted by Σ s_i² and cut
    into steps of dp_i · m_i consecutive packs (dp_i = world / sp_i; m_i micro-batches per replica so that a step
    holds about ``step_tokens`` tokens, default one pack of the longest group per replica); within a step the
    packs are dealt in snake order so every replica gets the same attention work. Without it packs are shuffled.
-5. **Dynamic pipeline** (§4.6): each step belongs to one group and carries its cp (= SP) degree, token cap and
-   checkpointing; the world stays fixed. Curriculum: the first ``curriculum`` steps (option, default 500 as in the
-   paper, capped by what the short groups have) come from the groups without SP; then the groups' steps are
-   interleaved at random in proportion to their step counts (seeded) — the paper does not publish its order.
+5. **Dynamic pipeline** (HBP's dynamic training pipeline): each step belongs to one group and carries its cp
+   (= SP) degree, token cap and checkpointing; the world stays fixed. Curriculum: the first ``curriculum`` steps
+   (option, default 500 as in the paper, capped by what the short groups have) come from the groups without SP;
+   then the groups' steps are interleaved at random in proportion to their step counts (seeded) — the paper does
+   not publish its order.
 
 Guarantees: every sample in exactly one pack of its group (or filled into a longer group's pack, or counted as
 split/truncated/dropped), caps respected per group, determinism by seed. Cost: O(N · iters) for ISF plus

@@ -1,4 +1,4 @@
-"""HBP group auto-selection (Algorithm 1, App. I; PAPERS.md §4.4): packing lengths with their SP and checkpointing.
+"""HBP group auto-selection (HBP Algorithm 1, App. I): packing lengths with their SP and checkpointing.
 
 Stage 1, for each candidate packing length l and SP degree sp (sp divides the world):
 

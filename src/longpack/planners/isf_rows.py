@@ -1,4 +1,4 @@
-"""ISF (OmniBal's iterative sampling and filtering, PAPERS.md §4.10) on many independent item sets at once.
+"""ISF (OmniBal's iterative sampling and filtering, HBP's packer) on many independent item sets at once.
 
 Row r of a ``(rows, width)`` weight matrix holds one set's items in columns ``[0, counts[r])``; every row is
 packed on its own, exactly as if it were packed alone, so a plan of many global batches equals its batches packed

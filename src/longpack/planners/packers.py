@@ -116,7 +116,7 @@ def best_fit_dec(weights: Weights, capacity: int) -> list[list[int]]:
 
 def isf(weights: Weights, capacity: int, *, threshold: int | None = None, iters: int = 10,
         seed: int = 0) -> list[list[int]]:
-    """ISF, Iterative Sampling and Filtering (OmniBal, HBP's packer; PAPERS.md §4.10).
+    """ISF, Iterative Sampling and Filtering (OmniBal, HBP's packer).
 
     Round i: shuffle the pool with seed + i, fill bins sequentially (next fit), accept bins whose total reaches
     ``threshold`` (default capacity − min(128, capacity/32)), return the rest to the pool. After ``iters`` rounds

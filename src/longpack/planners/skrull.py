@@ -1,8 +1,8 @@
-"""Skrull (NeurIPS 2025, PAPERS.md §2): global data scheduling (GDS) + distributed-aware context parallelism (DACP).
+"""Skrull (NeurIPS 2025, arXiv 2505.19609): global data scheduling (GDS) + distributed-aware context parallelism (DACP).
 
 The CP group stays fixed; only data placement changes.
 
-**GDS** (Algorithm 2, §2.8), per global batch:
+**GDS** (Algorithm 2), per global batch:
 
 1. Split the batch over the dp replicas by estimated compute (LPT on each sequence's whole-sequence time; option
    ``partition="kk"`` for Karmarkar-Karp).
@@ -10,13 +10,13 @@ The CP group stays fixed; only data placement changes.
    gets a mix of long and short); if a slice exceeds C·N tokens or DACP fails on it, try m + 1.
 3. Pad replicas with empty micro-batches to equal counts (collectives never deadlock).
 
-**DACP** (Algorithm 1, §2.7), per micro-batch of K sequences on N CP ranks with token budget C each: in ascending
+**DACP** (Algorithm 1, App. B.1), per micro-batch of K sequences on N CP ranks with token budget C each: in ascending
 order, put each sequence whole on the least-loaded rank if it fits, else on the rank with the most room, else
 shard it over all ranks if the tightest rank can hold ceil(s/N); if not even that, roll back: turn one local
 sequence of the tightest rank into a sharded one and retry. Loads are compute seconds from the cost model (the
 paper's FLOPs(S) and FLOPs(S, N) = FLOPs(S)/N with the kernel-efficiency loss of short shards).
 
-Rollback follows the corrected form of the errata (§2.7): the rank gets back s − ceil(s/N) tokens, every other
+Rollback, as we correct Algorithm 1's printed form: the rank gets back s − ceil(s/N) tokens, every other
 rank is charged ceil(s/N), all loads are fixed, and a rank driven below zero rolls back in turn. Option
 ``rollback``: ``shortest`` (default, the paper's "first local sequence", which in ascending order is the
 shortest), ``longest`` (frees the most memory per rollback: fewer rollbacks and so faster to plan, and it keeps
@@ -143,7 +143,7 @@ def round_robin(lengths: Sequence[int], *, cap: int, cp: int, t_local: Sequence[
 
 def sequence_costs(lengths: np.ndarray, ctx: PlanContext) -> tuple[np.ndarray, np.ndarray]:
     """(whole on one rank, one rank's share when sharded) compute per sequence: seconds from the cost model, or
-    with option ``loads=flops`` the paper's FLOPs(S) and FLOPs(S)/N (PAPERS.md §1, §2.3)."""
+    with option ``loads=flops`` the paper's FLOPs(S) and FLOPs(S)/N (Skrull App. C.2)."""
     cost, cp = ctx.cost, ctx.cp
     s = lengths.astype(np.float64)
     if ctx.option("loads", "time") == "flops":

@@ -158,7 +158,7 @@ def skrull_tables(result: dict[str, Any], console: Console | None = None) -> Non
 def chunkflow_tables(result: dict[str, Any], console: Console | None = None) -> None:
     console = console or _console()
     toy = result["toy"]
-    t = Table("schedule (lengths 4,2,1,1, PP 4)", "bubble ours", "paper", title="Pipeline toy (§3.4)")
+    t = Table("schedule (lengths 4,2,1,1, PP 4)", "bubble ours", "paper", title="Pipeline toy (ChunkFlow Fig. 2)")
     for key, label in (("1f1b", "1F1B"), ("k2", "state-aware, ChunkSize 2, K=2"),
                        ("k1", "state-aware, ChunkSize 2, K=1"), ("chunk4_k1", "state-aware, ChunkSize 4, K=1")):
         t.add_row(label, f"{100 * toy[key]:.2f}%", f"{100 * toy['paper'][key]:.1f}%")
@@ -166,14 +166,16 @@ def chunkflow_tables(result: dict[str, Any], console: Console | None = None) -> 
               f"{100 * toy['paper']['k1']:.1f}%")
     console.print(t, toy["note"])
     s = Table("context", "one_seq s/step", "chunkflow s/step", "speedup", "paper", "bubble one_seq/chunkflow",
-              "unified s/step", "unified vs chunkflow", title="Qwen2.5-7B on lmsys-chat-1m vs one_seq (§3.8)")
+              "unified s/step", "unified vs chunkflow",
+              title="Qwen2.5-7B on lmsys-chat-1m vs one_seq (ChunkFlow's results)")
     for label, r in result["speedups"].items():
         s.add_row(label, f"{r['one_seq']['step_time_s']:.3f}", f"{r['chunkflow']['step_time_s']:.3f}",
                   _x(r["speedup_vs_one_seq"]), _x(r["paper"]),
                   f"{r['one_seq']['bubble_ratio']:.3f} / {r['chunkflow']['bubble_ratio']:.3f}",
                   f"{r['unified']['step_time_s']:.3f}", _x(r["unified_vs_chunkflow"]))
     console.print(s)
-    w = Table("(ChunkSize, K)", "ours ms", "paper ms", title="256K sensitivity, ChunkSize x K = 32K (§3.5)")
+    w = Table("(ChunkSize, K)", "ours ms", "paper ms",
+              title="256K sensitivity, ChunkSize x K = 32K (ChunkFlow's sweep)")
     for key, ms in result["sweep"]["ours_ms"].items():
         w.add_row(key, f"{ms:.0f}", str(result["sweep"]["paper_ms"].get(key, "-")))
     console.print(w)

@@ -1,10 +1,11 @@
-"""ChunkFlow's experiments (PAPERS.md §3.4-3.8) in the simulator.
+"""ChunkFlow's experiments in the simulator.
 
 (a) The pipeline toy: lengths 4, 2, 1, 1 on PP = 4, forward:backward = 1:2 — standard 1F1B, and state-aware 1F1B
     with ChunkSize 2 and K = 1, 2 (and ChunkSize 4, K = 1, Fig. 7).
 (b) Qwen2.5-7B on lmsys-chat-1m at 32K and 256K context against the Megatron-style ``one_seq`` baseline with the
-    strategies of §3.7 as <TP, CP, PP, recompute>: 32K <4,4,1,selective> for both (ChunkSize 8K, K = 1); 256K
-    Megatron <4,4,4,full> vs ChunkFlow <4,4,4,selective> with (ChunkSize 8K, K = 4), the best pair of §3.5.
+    strategies of ChunkFlow's setup as <TP, CP, PP, recompute>: 32K <4,4,1,selective> for both (ChunkSize 8K,
+    K = 1); 256K Megatron <4,4,4,full> vs ChunkFlow <4,4,4,selective> with (ChunkSize 8K, K = 4), the paper's
+    best pair.
     Assumptions (not published): 64 GPUs (DP 4 at 32K, DP 1 at 256K), global batch 256, samples longer than
     the context truncated for both, Megatron's distributed optimizer as ZeRO-1, "selective" = no layer
     checkpointed (FlashAttention already recomputes the attention scores), "full" = every layer checkpointed.
@@ -36,7 +37,7 @@ PAPER: dict[str, dict[str, float]] = {"toy": {"1f1b": 0.5714, "k1": 0.541, "k2":
 
 
 def toy() -> dict[str, Any]:
-    """Bubble ratios of the §3.4 toy; K = 1 also with recompute counted as work."""
+    """Bubble ratios of ChunkFlow's Fig. 2 toy; K = 1 also with recompute counted as work."""
     lengths: list[float] = [4, 2, 1, 1]
     k1 = schedule(chunk_items(lengths, 2, 1), 4, k=1)
     late = schedule(chunk_items(lengths, 2, 1), 4, k=1, eager_recompute=False)

@@ -1,4 +1,4 @@
-"""HBP's experiments (PAPERS.md §4.7-4.8) in the simulator: Table 6 components, group selection, Table 13 packers.
+"""HBP's experiments in the simulator: Table 6 components, group selection, Table 13 packers.
 
 Setup as published: LLaMA3.1-8B on 32 H100, Tulu3 + LongCite at 128K. Baseline ISF: one 128K group at SP 8
 (DP 4) with the fewest checkpointed layers that fit. "+hierarchical": the auto-selected groups with GreedyFill,

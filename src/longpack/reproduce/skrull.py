@@ -1,4 +1,4 @@
-"""Skrull's experiments (PAPERS.md §2.10-2.11) in the simulator: Fig. 3 speedups, Table 3, Fig. 4a.
+"""Skrull's experiments in the simulator: Fig. 3 speedups, Table 3, Fig. 4a.
 
 Setup as published: H100, qwen2.5-0.5b and qwen2.5-7b, DP4 x CP8 with BatchSize 64 per DP rank (global batch 256),
 BucketSize 26K (0.5B) and 13K (7B); 7B on ChatQA2 at DP2 x CP16, BatchSize 40. Baselines:
@@ -25,7 +25,7 @@ from ._common import calibrated_cost, run_planner
 __all__ = ["PAPER", "reproduce", "runs"]
 
 K = 1024
-# Fig. 3 read off by papernotes (PAPERS.md §2.11): (vs DeepSpeed, vs sorted batching)
+# Skrull Fig. 3, read off the figure: (vs DeepSpeed, vs sorted batching)
 PAPER = {
     ("qwen2.5-0.5b", "wikipedia-cn"): (7.54, 6.85), ("qwen2.5-0.5b", "lmsys-chat-1m"): (6.17, 5.40),
     ("qwen2.5-0.5b", "chatqa2-long-sft"): (2.79, 1.86), ("qwen2.5-7b", "wikipedia-cn"): (2.60, 2.30),

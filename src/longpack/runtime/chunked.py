@@ -1,4 +1,4 @@
-"""ChunkFlow's state-aware chunked execution (PAPERS.md §3.3): a long sample as a chain of chunks whose memory is
+"""ChunkFlow's state-aware chunked execution (ChunkFlow Algorithm 2): a long sample as a chain of chunks whose memory is
 set by the chunk size, with gradients identical to running it whole.
 
 A chain is a run of consecutive micro-batches of one replica that hold the pieces [a_0, a_1), [a_1, a_2), ... of

@@ -1,11 +1,11 @@
-"""Context parallelism for a micro-batch that mixes sharded and local pieces (Skrull DACP, PAPERS.md §2.9).
+"""Context parallelism for a micro-batch that mixes sharded and local pieces (Skrull's DACP, Fig. 2c-d).
 
 Within one step's CP group of c ranks, a piece with ``cp_rank = j`` is held whole by rank j and attends locally;
 a piece with ``cp_rank = None`` is sharded:
 
 * **Zigzag split.** The piece's tokens are cut into 2c near-equal blocks; rank r holds blocks r and 2c−1−r, so every
   rank gets the same causal attention work (an early and a late block) — the condition under which one rank's
-  share is FLOPs(S)/c (§2.9). Blocks keep their global positions (RoPE) and next-token targets.
+  share is FLOPs(S)/c (Skrull's DACP). Blocks keep their global positions (RoPE) and next-token targets.
 * **K/V exchange by all-gather** (chosen over a ring: one collective per layer, simple and exact, and on CPU/gloo
   the ring's per-step latency dominates; memory is the full K/V of the sharded pieces, which the token cap already
   bounds). The all-gather is an autograd function whose backward all-reduces the gathered gradient and keeps the

@@ -9,7 +9,8 @@ the step's normaliser needs no communication. For a step:
 
 Each rank computes Σ weight · cross-entropy over its micro-batches and backpropagates it; gradients are summed
 (not averaged) across ranks, so the result is exactly the gradient of the global objective, whatever the packing,
-chunking or placement — the equivalence Skrull and ChunkFlow rely on (PAPERS.md §5).
+chunking or placement — the equivalence Skrull and ChunkFlow rely on (Skrull App. A; both need a global loss
+normaliser).
 """
 
 from __future__ import annotations

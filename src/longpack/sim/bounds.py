@@ -1,6 +1,6 @@
 """Lower bounds on step time: no plan on this cost model can beat them.
 
-For one step with samples of lengths s_i on dp replicas of cp ranks (PAPERS.md §5; used for efficiency):
+For one step with samples of lengths s_i on dp replicas of cp ranks (docs/COST_MODEL.md, "Lower bound and efficiency"):
 
     LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i),  P,  G,  X,  R ) + T_fixed + T_gemm + T_allreduce
 

@@ -1,4 +1,4 @@
-"""Balance and waste metrics of a Plan (HBP §4.2, definitions confirmed in OmniBal's code, PAPERS.md §4.10).
+"""Balance and waste metrics of a Plan (HBP's DBR, PR, ABR; DBR and PR as OmniBal's code computes them).
 
 Computed per (step, micro-batch index) across the step's N data-parallel replicas, then averaged over the
 (step, micro-batch) slots that hold any work. Lower is better except ``ave_t``.

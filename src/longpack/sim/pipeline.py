@@ -1,4 +1,4 @@
-"""Pipeline schedules: 1F1B and ChunkFlow's state-aware 1F1B, simulated event by event (PAPERS.md §3.4).
+"""Pipeline schedules: 1F1B and ChunkFlow's state-aware 1F1B, simulated event by event (ChunkFlow, state-aware 1F1B).
 
 Work items are micro-batches (or chunks) with a forward time per stage; backward costs ``bwd_ratio`` times the
 forward (2 by default, forward:backward = 1:2).
@@ -19,7 +19,7 @@ backward alternately, then the remaining backwards — each op starting when its
   chain's kept chunks can all be in flight). Recomputed chunks hold no activations between F and R.
 
 Bubble ratio = 1 − useful work / (p · makespan), useful = forwards + backwards (not recompute). With lengths
-4, 2, 1, 1 and p = 4 this gives 4/7 = 57.14% (PAPERS.md §3.4); chunked at 2 with K = 2, 47.83%.
+4, 2, 1, 1 and p = 4 this gives 4/7 = 57.14% (ChunkFlow's Fig. 2 toy); chunked at 2 with K = 2, 47.83%.
 
 Cost: 1F1B O(stages · items); state-aware O(stages² · items²) for the greedy scan. Items are the micro-batches
 of one step (tens to a few hundred), so a step takes milliseconds.

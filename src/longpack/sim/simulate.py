@@ -1,6 +1,6 @@
 """Simulate a Plan on the cost model: per-step, per-rank compute, communication, overlap, idle and memory.
 
-Per micro-batch and CP rank j (Skrull Eq. 2, PAPERS.md §2.4):
+Per micro-batch and CP rank j (Skrull Eq. 2):
 
     time_j = max(T_comm(sharded), T_local_j) + T_dist_j + T_fixed
 
