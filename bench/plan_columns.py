@@ -20,7 +20,7 @@ import time
 from _report import write_section
 
 from longpack import jobs
-from longpack.planners.base import PlanContext, get_planner, global_batches
+from longpack.planners import PlanContext, get_planner, global_batches
 from longpack.planners.stream import PlanStream
 
 PLANNERS = ("isf", "fixed_cp", "skrull")

@@ -10,7 +10,7 @@ from longpack.cost import CostModel, TrainConfig
 from longpack.hardware import get_hardware
 from longpack.model import get_model
 from longpack.plan import Plan
-from longpack.planners.base import PlanContext, get_planner, global_batches
+from longpack.planners import PlanContext, get_planner, global_batches
 from longpack.planners.isf_rows import isf_rows, next_fit_rows, row_order
 from longpack.planners.packers import isf, next_fit
 from longpack.planners.stream import PlanStream

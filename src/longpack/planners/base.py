@@ -1,7 +1,7 @@
-"""What every planner shares: the request it answers, the global batches, the over-long policy, the registry.
+"""What every planner shares: the request it answers, the global batches, the over-long policy.
 
 A planner turns the lengths of the samples in each global batch into one :class:`~longpack.plan.Step`. The driver
-:func:`make_plan` does the rest the same way for all planners, so they are comparable:
+(:func:`~longpack.planners.stream.make_plan`) does the rest the same way for all planners, so they are comparable:
 
 1. :func:`global_batches` draws the optimizer steps' samples with one seeded permutation: every planner schedules
    the same samples in the same step (Adam stays equivalent; only placement and accumulation order differ).
@@ -9,8 +9,8 @@ A planner turns the lengths of the samples in each global batch into one :class:
    micro-batch can hold, ``token_cap · cp``): ``split`` (default) cuts them into a chain of consecutive pieces,
    ``truncate`` keeps the first ``limit`` tokens, ``drop`` removes them with a reason, ``error`` refuses. Every
    affected sample is counted in the plan's ``meta["overlong"]``; nothing is lost silently.
-3. The planner's :meth:`Planner.plan_batch` returns the step's replicas; :func:`assemble_step` pads replicas with
-   empty micro-batches to equal counts.
+3. The planner's ``plan_batch`` (planners/registry.py) returns the step's replicas; :func:`assemble_step` pads
+   replicas with empty micro-batches to equal counts.
 
 Cost: O(samples) for the driver; the planner's own cost is in its docstring.
 """
@@ -20,16 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from ..cost import CostModel
-from ..model import UnknownNameError
-from ..plan import MicroBatch, Piece, Plan, Replica, Step
+from ..plan import MicroBatch, Piece, Replica, Step
 
-__all__ = ["PlanContext", "Batch", "Planner", "register", "get_planner", "check_options", "PLANNERS", "make_plan",
-           "global_batches", "apply_overlong", "assemble_step", "OverlongError", "chain_pieces", "place_chains"]
+__all__ = ["PlanContext", "Batch", "global_batches", "apply_overlong", "assemble_step", "OverlongError",
+           "chain_pieces", "place_chains", "OVERLONG_POLICIES"]
 
 OVERLONG_POLICIES = ("split", "truncate", "drop", "error")
 
@@ -126,57 +125,6 @@ class Batch:
         return np.flatnonzero(self.lengths > self.piece_len)
 
 
-class Planner:
-    """Base class: subclasses set ``name`` and implement :meth:`plan_batch`."""
-
-    name: ClassVar[str] = ""
-    options: ClassVar[tuple[str, ...]] = ()  # the --opt keys this planner reads
-
-    def plan_batch(self, batch: Batch, ctx: PlanContext) -> Step:
-        raise NotImplementedError
-
-    def plan_many(self, batches: Sequence[Batch], ctx: PlanContext) -> Sequence[Step]:
-        """The steps of ``batches``, equal to :meth:`plan_batch` of each; a planner that can plan many batches
-        at once (in columns, :mod:`longpack.columns`) overrides this."""
-        return tuple(self.plan_batch(b, ctx) for b in batches)
-
-    def plan(self, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
-             max_len: int | None = None, overlong: str = "split") -> Plan:
-        return make_plan(self, lengths, batches, ctx, max_len=max_len, overlong=overlong)
-
-
-PLANNERS: dict[str, Callable[[], Planner]] = {}
-
-
-def register(cls: type[Planner]) -> type[Planner]:
-    """Class decorator adding a planner to the registry under ``cls.name``."""
-    PLANNERS[cls.name] = cls
-    return cls
-
-
-_FLAGS = {"pack_len": "--pack-len", "micro_batch_size": "--micro-batch-size"}  # options with a flag of their own
-
-
-def check_options(planners: Sequence[str], options: Mapping[str, Any]) -> None:
-    """Refuse (one line) an ``--opt`` key that none of ``planners`` reads, naming the options they do take."""
-    known = {name: get_planner(name).options for name in planners}
-    for key in dict(options):
-        if not any(key in opts for opts in known.values()):
-            takes = "; ".join(f"{name} takes {', '.join(opts) if opts else 'no options'}"
-                              for name, opts in known.items())
-            flag = _FLAGS.get(key, f"--opt {key}")
-            raise ValueError(f"{flag}: no such option for {', '.join(planners)} ({takes})")
-
-
-def get_planner(name: str) -> Planner:
-    from . import baselines, chunkflow, hbp, skrull, unified  # noqa: F401  (registers the built-in planners)
-
-    try:
-        return PLANNERS[name]()
-    except KeyError:
-        raise UnknownNameError(f"unknown planner {name!r}; choose one of: {', '.join(sorted(PLANNERS))}") from None
-
-
 def global_batches(n_samples: int, global_batch: int, *, seed: int = 0, steps: int | None = None,
                    epochs: int = 1) -> list[np.ndarray]:
     """Sample ids of each optimizer step: one seeded permutation cut into ``global_batch``-sized steps.
@@ -264,12 +212,3 @@ def assemble_step(replicas: Sequence[Sequence[MicroBatch]], *, cp: int, token_ca
     depth = max((len(r) for r in replicas), default=0)
     reps = tuple(Replica(micro_batches=tuple(r) + (MicroBatch(),) * (depth - len(r))) for r in replicas)
     return Step(cp=cp, token_cap=token_cap, replicas=reps, group=group)
-
-
-def make_plan(planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
-              max_len: int | None = None, overlong: str = "split") -> Plan:
-    """Run ``planner`` over ``batches`` of sample ids with the shared over-long policy; see the module docstring
-    (the driver is :class:`~longpack.planners.stream.PlanStream`, run to its end)."""
-    from .stream import make_plan as run
-
-    return run(planner, lengths, batches, ctx, max_len=max_len, overlong=overlong)

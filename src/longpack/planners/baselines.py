@@ -41,9 +41,10 @@ from typing import ClassVar
 import numpy as np
 
 from ..plan import MicroBatch, make_pieces
-from .base import Batch, PlanContext, Planner, assemble_step, place_chains, register
+from .base import Batch, PlanContext, assemble_step, place_chains
 from .columnar import fixed_cp_steps, isf_steps
 from .packers import PACKERS, next_fit
+from .registry import Planner, register
 
 __all__ = ["RandomPadded", "Sorted", "PackedBaseline", "FixedCP", "OneSeq"]
 

@@ -46,8 +46,9 @@ import math
 import numpy as np
 
 from ..plan import MicroBatch, Piece
-from .base import Batch, PlanContext, Planner, assemble_step, register
+from .base import Batch, PlanContext, assemble_step
 from .packers import lpt
+from .registry import Planner, register
 
 __all__ = ["ChunkFlow", "chunk_size_for"]
 

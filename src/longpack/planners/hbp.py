@@ -52,9 +52,10 @@ import numpy as np
 from ..cost import CostModel
 from ..plan import MicroBatch, Plan, Step, make_pieces
 from ..progress import tick
-from .base import PlanContext, Planner, apply_overlong, assemble_step, chain_pieces, register
+from .base import PlanContext, apply_overlong, assemble_step, chain_pieces
 from .hbp_groups import Group, select_groups
 from .packers import isf
+from .registry import Planner, register
 
 __all__ = ["HBP", "parse_groups"]
 
@@ -126,6 +127,7 @@ class HBP(Planner):
     """Hierarchical balance packing (see the module docstring)."""
 
     name = "hbp"
+    whole_run = True
     options = ("groups", "lengths", "profiles", "step_tokens", "isf_iters", "greedy_fill", "balance", "curriculum",
                "widen")
 

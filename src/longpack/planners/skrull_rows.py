@@ -8,11 +8,11 @@ vectorized step per item index over a block of batches:
 2. Per replica, its samples ascending by (length, sample) and m = ceil(Σ ceil(s/cp) / cap) strided slices.
 3. DACP on every slice of every replica at once: each sample whole on its slice's least-loaded rank if it fits,
    else on the rank with the most room, else sharded when the tightest rank holds ceil(s/cp). A slice that would
-   need a rollback is placed by :func:`~longpack.planners.skrull.dacp` itself, from its start.
+   need a rollback is placed by :func:`~longpack.planners.dacp.dacp` itself, from its start.
 4. A replica with a slice over cap·cp tokens or one DACP cannot place tries m + 1, until all fit.
 
 Cost: O(width) vectorized steps for LPT and O(longest slice) per try of m for DACP, each over the block's
-batches; O(samples) memory. Rollbacks cost what :func:`~longpack.planners.skrull.dacp` costs, for their slices.
+batches; O(samples) memory. Rollbacks cost what :func:`~longpack.planners.dacp.dacp` costs, for their slices.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from ..columns import StepColumns
 from .base import Batch, PlanContext
 from .columnar import Placed, Rows, plan_rows
-from .skrull import dacp, sequence_costs
+from .dacp import dacp, sequence_costs
 
 __all__ = ["skrull_steps"]
 

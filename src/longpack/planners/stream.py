@@ -20,13 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..columns import Lengths, StepColumns
 from ..plan import Plan, Step
 from ..progress import tick
-from .base import Batch, PlanContext, Planner, apply_overlong
+from .base import Batch, PlanContext, apply_overlong
+
+if TYPE_CHECKING:
+    from .registry import Planner
 
 __all__ = ["PlanStream", "make_plan"]
 
@@ -37,7 +41,7 @@ class PlanStream:
     def __init__(self, planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
                  max_len: int | None = None, overlong: str = "split", validate: bool = True) -> None:
         self.made, self.validate = 0, validate
-        self.whole = type(planner).plan is not Planner.plan  # this planner lays out the whole run at once
+        self.whole = type(planner).whole_run  # this planner lays out the whole run at once
         if self.whole:
             full = planner.plan(lengths, batches, ctx, max_len=max_len, overlong=overlong)
             if validate:

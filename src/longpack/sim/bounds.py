@@ -1,64 +1,37 @@
 """Lower bounds on step time: no plan on this cost model can beat them.
 
-For one step with samples of lengths s_i on dp replicas of cp ranks (docs/COST_MODEL.md, "Lower bound and efficiency"):
+For one step with samples of lengths s_i on dp replicas of cp ranks:
 
     LB = max( Σ_i W(s_i) / (dp·cp),  max_i U(s_i),  P,  G,  X,  R ) + T_fixed + T_gemm + T_allreduce
 
-* ``W(s)``, the fewest GPU-seconds sample s can cost, the cheapest of: whole on one rank when memory allows (with
-  the fewest checkpointed layers that make it fit); sharded over the CP group, whole or as a chain (cp ranks
-  each do 1/cp, attention in blocks of at most s/(2cp) queries, and recompute what a rank's memory cannot hold
-  of its s/cp tokens); a chain on one rank, which must recompute what its memory cannot hold (the forward of
-  (s − cap(k))⁺ tokens, or k checkpointed layers; a recomputed token runs its attention forward again too, at
-  least over the shortest prefixes, :func:`_recompute_s`). GEMMs at full
-  efficiency, attention at the efficiency of its own length, no padding, no communication (it may be hidden).
-* ``U(s)``, the shortest time sample s can take (the largest indivisible unit): whole on one rank; its 1/cp
-  share plus its own K/V exchange when sharded whole (Eq. 2: a rank waits max(comm, local) + its share, and the
-  exchange of a micro-batch is at least that of any one of its sharded samples); or as a chain of n >= 2
-  pieces (as many as its length needs), which run in n micro-batches (n − 1 more per-micro-batch costs h) and
-  exchange at least n·a + b·s for every minorant line (:func:`comm_minorant`) and, on tables that grow with
-  size, n·ĉ(s/n) with ĉ the exchange's convex envelope over the pieces' sizes (:func:`chain_exchange`); the
-  best allowed option.
-* ``T_fixed + T_gemm`` = h: the per-micro-batch costs every rank holding tokens pays at least once: the launch
-  cost and the small-GEMM loss (``gemm_half_tokens`` tokens' worth of linear time). A micro-batch with k
-  checkpointed layers holds at most cap(k) tokens on a rank and runs those layers' forward again, so a token of
-  a sample whose cheapest form is its memory-free one costs its ranks at least min_k(h/cap(k) + (k/L)·f) beyond
-  W (f: one linear forward per token); where memory forces recompute or sharding, W's excess g over the
-  memory-free work pays for that much checkpointing first (:func:`micro_batch_overhead`): the spread term is
-  also at least (Σ W + that overhead) / (dp·cp).
-* ``P``, two samples on one replica (:func:`pair_bound`): with r replicas, two of the r + 1 samples of largest
-  U share a replica, and the least any such pair can cost there is a bound (both sharded pay both shares and
-  the exchange of both; one sharded waits for its exchange or for the other's whole-rank work).
-* ``G``, m samples on one replica (:func:`group_bound`): pigeonhole over the r·(m − 1) + 1 longest; the replica
-  pays their shares plus the longer of their least exchange and its largest own sample's whole-rank time.
-* The exchange term (:func:`exchange_bound`): sharded samples pay their exchange unless own work hides it, and
-  a sample whose one-rank time exceeds the step cannot be own work; a convex combination of the two sides of
-  Eq. 2, summed over a replica, bounds the step at the crossing of a bisection.
-* ``R``, the per-replica program (sim/replica_bound.py, for 2..8 replicas): the longest samples placed whole on
-  replicas, each replica bounded by Eq. 2 on its own — what the aggregate terms above cannot see, that the replica
-  sharding the longest sample has little room left and a replica whose rank holds a long own sample few shares.
-* A step may use any CP degree (HBP and the unified planner change it per step): the bound is the least over the
-  degrees the caller allows (the simulator passes the divisors of the run's --cp, or of a step's widest group when
-  a planner was allowed wider ones); R runs on the two degrees of
-  least bound (while they can still hold the least).
-
-Why it is a bound: the simulator charges every rank at least the work of its pieces at these (ideal) rates plus,
-per micro-batch it holds tokens in, ``h = T_fixed + T_gemm``. If ``a`` ranks hold work, the busiest of them takes
-at least ``ΣW/a + h >= ΣW/(dp·cp) + h``; the rank that runs sample s takes at least ``U(s) + h``; every step ends
-with the gradient all-reduce; two or more samples on one replica add up as in P and G. Cost: O(samples log
-samples + layers + r²) per degree (the pair term is skipped above ``PAIR_LIMIT`` replicas), plus R's MILPs
-(each under a node limit; 0.1–1 s on the DP32·CP8 steps).
-``tests/test_bounds.py`` checks it against thousands of random valid plans and the MILP optimum (sim/exact.py).
+W(s): a sample's fewest GPU-seconds over its allowed forms (whole, sharded, chained; recompute where memory forces
+it). U(s): its shortest time (its largest indivisible unit, with the least K/V exchange, :func:`comm_minorant`).
+P, G: two (:func:`pair_bound`) and m (:func:`group_bound`) samples forced onto one replica by pigeonhole. X: the
+exchange a sharded sample cannot hide (:func:`exchange_bound`). R: the per-replica program (sim/replica_bound.py).
+The bound is the least over the CP degrees the caller allows. Derivation and why each term is valid:
+docs/COST_MODEL.md, "Lower bound and efficiency". Cost: O(samples log samples + layers + r²) per degree, plus R's
+node-limited MILPs (0.1–1 s on DP32·CP8 steps). tests/test_bounds.py checks it against thousands of random valid
+plans and the MILP optimum (sim/exact.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..cost import CostModel, attention_pairs
+from .bound_parts import (
+    Forms,
+    breakpoints,
+    chord_slope,
+    comm_minorant,
+    crossing,
+    hull_edges,
+    lower_hull,
+    per_micro_batch_s,
+)
 
 __all__ = ["sample_work", "sample_forms", "Forms", "pair_bound", "step_lower_bound", "mixed_step_bound", "min_ckpt",
            "per_micro_batch_s",
@@ -81,24 +54,6 @@ def sample_work(lengths: np.ndarray, cost: CostModel, split_len: int | None = No
     queries."""
     f = sample_forms(lengths, cost, split_len)
     return f.work, f.unit
-
-
-class Forms(NamedTuple):
-    """Per-sample lower bounds on this cost model: ``work`` (GPU-seconds), ``unit`` (time of the sample alone),
-    ``shard`` (one rank's compute when it runs sharded, whole or as a chain), ``local`` (its time when all of
-    it runs on one rank, whole or as a chain) and ``whole_shard`` (whether memory lets it run sharded whole, in
-    one micro-batch, with some checkpointing), ``chain_pieces`` (fewest pieces it has as a sharded chain),
-    ``cap`` (most tokens a rank can hold in one micro-batch; infinite for a bound that ignores memory) and
-    ``exchange`` (least K/V exchange, plus the per-micro-batch costs of a chain's extra pieces, when sharded)."""
-
-    work: np.ndarray
-    unit: np.ndarray
-    shard: np.ndarray
-    local: np.ndarray
-    whole_shard: np.ndarray
-    chain_pieces: np.ndarray
-    cap: float
-    exchange: np.ndarray
 
 
 def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = None, memory: bool = True) -> Forms:
@@ -147,48 +102,6 @@ def sample_forms(lengths: np.ndarray, cost: CostModel, split_len: int | None = N
     return Forms(work, unit, shard, one_rank, whole_shard & (cp > 1), pieces, cap, exchange)
 
 
-def comm_minorant(cost: CostModel) -> list[tuple[float, float]]:
-    """Lines (a, b), a >= 0, with ``a + b·x <= cp_comm_s(x)`` for every x > 0; then for any split of a sample
-    into pieces x_i, ``Σ_i cp_comm_s(x_i) >= Σ_i (a + b·x_i) >= a + b·Σ_i x_i`` (one piece at least).
-
-    The lines are the edges of the lower convex hull of the exchange's breakpoints (it is piecewise linear in x,
-    flat at its latency floor c0 near zero, with the hardware tables' sizes as breakpoints), plus (c0, 0) and the
-    line through the origin with the least slope; edges with a < 0 are left out (n pieces would pay n·a). The
-    exchange itself is not subadditive on every table, so the whole-sample exchange is no bound for a chain."""
-    if cost.cfg.cp <= 1:
-        return [(0.0, 0.0)]
-    c0 = cost.cp_comm_s(1e-9, 0)
-    pts = [(0.0, c0)] + [(x, cost.cp_comm_s(x, 0)) for x in _breakpoints(cost).tolist()]
-    shrink = 1 - 1e-9  # rounding margin: stay strictly under the exchange
-    lines = [(c0 * shrink, 0.0), (0.0, min(y / x for x, y in pts[1:]) * shrink)]
-    lines += [(icpt * shrink, slope * shrink) for icpt, slope in _hull_edges(pts) if icpt >= 0]
-    return lines
-
-
-def _lower_hull(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The vertices of the lower convex hull of ``pts`` (given by increasing x), monotone chain. O(points)."""
-    hull: list[tuple[float, float]] = []
-    for p in pts:
-        while len(hull) >= 2:
-            (x1, y1), (x2, y2) = hull[-2], hull[-1]
-            if (y2 - y1) * (p[0] - x1) >= (p[1] - y1) * (x2 - x1):  # hull[-1] is not below the chord
-                hull.pop()
-            else:
-                break
-        hull.append(p)
-    return hull
-
-
-def _hull_edges(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(intercept, slope) of each edge of the lower convex hull of ``pts`` (given by increasing x)."""
-    hull = _lower_hull(pts)
-    edges = []
-    for (x1, y1), (x2, y2) in zip(hull, hull[1:], strict=False):
-        slope = (y2 - y1) / (x2 - x1)
-        edges.append((y1 - slope * x1, slope))
-    return edges
-
-
 def _recompute_s(tokens: np.ndarray, ranks: int, q_len: np.ndarray, fwd: np.ndarray, cost: CostModel,
                  memory: bool = True) -> np.ndarray:
     """Least seconds a rank spends running forward passes again when it must hold the activations of ``tokens``
@@ -211,12 +124,6 @@ def _recompute_s(tokens: np.ndarray, ranks: int, q_len: np.ndarray, fwd: np.ndar
     return (np.asarray(fwd, dtype=np.float64)[:, None] * (dropped + share * kept) + per_pair * pairs).min(axis=1)
 
 
-def _breakpoints(cost: CostModel) -> np.ndarray:
-    """Token counts where the exchange's pieces meet (the hardware tables' sizes), ascending, and one far beyond."""
-    sizes = sorted({float(mb) for kind in ("all_gather", "reduce_scatter") for mb, _ in cost.hw.collectives[kind]})
-    return np.array([mb * 2**20 / cost.kv_bytes_per_token for mb in sizes] + [1e18])
-
-
 def comm_floor(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
     """Least exchange of a micro-batch holding at least ``tokens`` sharded tokens: min over y >= x of
     cp_comm_s(y). The exchange is piecewise linear, so the least sits at x or at a breakpoint beyond it; where
@@ -224,7 +131,7 @@ def comm_floor(tokens: np.ndarray, cost: CostModel) -> np.ndarray:
     x = np.asarray(tokens, dtype=np.float64)
     if cost.cfg.cp <= 1:
         return np.zeros_like(x)
-    pts = _breakpoints(cost)
+    pts = breakpoints(cost)
     suffix = np.minimum.accumulate(cost.cp_comm_s(pts, 0)[::-1])[::-1]
     idx = np.searchsorted(pts, x, side="left")
     later = np.where(idx < pts.size, suffix[np.minimum(idx, pts.size - 1)], np.inf)
@@ -242,13 +149,13 @@ def chain_exchange(lengths: np.ndarray, cost: CostModel, limit: float, pieces: n
     s = np.asarray(lengths, dtype=np.float64)
     if cost.cfg.cp <= 1 or not math.isfinite(limit) or s.size == 0:
         return np.zeros_like(s)
-    pts = _breakpoints(cost)
+    pts = breakpoints(cost)
     pts = np.concatenate([pts[pts < limit], [limit]])
     vals = cost.cp_comm_s(pts, 0)
     c0 = float(cost.cp_comm_s(1e-9, 0))
     if np.any(np.diff(vals) < 0) or vals[0] < c0:
         return np.zeros_like(s)
-    lines = _hull_edges([(0.0, c0), *zip(pts.tolist(), vals.tolist(), strict=True)])
+    lines = hull_edges([(0.0, c0), *zip(pts.tolist(), vals.tolist(), strict=True)])
     shrink = 1 - 1e-9
     h = per_micro_batch_s(cost)
     n0 = np.asarray(pieces, dtype=np.float64) * np.ones_like(s)
@@ -272,7 +179,7 @@ def _two_pieces(s: np.ndarray, cost: CostModel, limit: float) -> np.ndarray:
     range. Exact where the envelope of :func:`chain_exchange` (Jensen) is not: on a table that is concave in
     places, two halves can cost more than the envelope says. Infinite where two pieces cannot hold the sample.
     O(samples · breakpoints)."""
-    pts = _breakpoints(cost)[:-1]
+    pts = breakpoints(cost)[:-1]
     lo = np.maximum(s - limit, 1.0)[:, None]
     hi = np.minimum(limit, s - 1.0)[:, None]
     x = np.concatenate([lo, hi, np.broadcast_to(pts, (s.size, pts.size)), s[:, None] - pts[None, :]], axis=1)
@@ -322,17 +229,12 @@ def micro_batch_overhead(lengths: np.ndarray, forms: Forms, free_forms: Forms, c
     psi = np.flatnonzero(ok).astype(np.float64) / cost.layers * f
     gap = np.maximum(forms.work - free_forms.work, 0.0) / np.maximum(s, 1.0)  # g/s: recompute W already pays
     # lower envelope of φ over ψ (ψ increases with k), evaluated at g/s; past the last point, its φ
-    hx, hy = zip(*_lower_hull(list(zip(psi.tolist(), phi.tolist(), strict=True))), strict=True)
+    hx, hy = zip(*lower_hull(list(zip(psi.tolist(), phi.tolist(), strict=True))), strict=True)
     env = np.interp(np.minimum(gap, psi[-1]), hx, hy)
     past = np.where(psi[None, :] > gap[:, None], phi[None, :] + psi[None, :] - gap[:, None], np.inf)
     per_token = np.minimum(env, past.min(axis=1))
     shrink = 1 - 1e-9  # rounding margin
     return float(np.dot(per_token, s)) * shrink
-
-
-def per_micro_batch_s(cost: CostModel) -> float:
-    """What a rank holding tokens pays per micro-batch beyond its work: launch cost + small-GEMM loss."""
-    return cost.fixed_s + float(cost.linear_s(1.0, 0)) - float(cost.linear_s(1.0, 0, ideal=True))
 
 
 def step_lower_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int] | None = None,
@@ -411,7 +313,7 @@ def mixed_step_bound(lengths: np.ndarray, cost: CostModel, degrees: Sequence[int
         c = cost.at_cp(d)
         slopes = [b for _, b in comm_minorant(c) if b > 0]
         found.append((d, sample_forms(s, c, split_len, memory), max(slopes, default=0.0),
-                      _chord_slope(c) if d > 1 else None))
+                      chord_slope(c) if d > 1 else None))
     h = per_micro_batch_s(cost)
     work = np.min([f.work for _, f, _, _ in found], axis=0)
     unit = np.min([f.unit for _, f, _, _ in found], axis=0)
@@ -543,34 +445,6 @@ def _group_time(s: np.ndarray, shard: np.ndarray, local: np.ndarray, exchange: n
     return float(min(local[0], np.min(area + np.maximum(ex, own)))) + h
 
 
-def _chord_slope(cost: CostModel) -> Callable[[float], float]:
-    """A function y -> b: the least exchange per token, min over 0 < x <= x_max of cp_comm_s(x)/x, for micro-batches
-    of a replica that takes at most y seconds: one exchanges at most x_max tokens, the fewer of the most whose
-    exchange fits y and y / (linear share per token) — its sharded tokens' linear work alone, x/cp tokens per
-    rank at the ideal rate, fits y. The exchange is piecewise linear between the tables' sizes, so c(x)/x is
-    least at a breakpoint or at x_max. Returns 0 (no slope) where the table does not grow with size. O(breakpoints)
-    per call."""
-    pts = _breakpoints(cost)[:-1]
-    vals = np.asarray(cost.cp_comm_s(pts, 0), dtype=np.float64)
-    c0 = float(cost.cp_comm_s(1e-9, 0))
-    rho = float(cost.linear_s(1.0, 0, ideal=True)) / cost.cfg.cp
-    grows = bool(np.all(np.diff(vals) >= 0) and (vals.size == 0 or vals[0] >= c0))
-    xs = np.concatenate([[0.0], pts])
-    ys = np.concatenate([[c0], vals])
-    shrink = 1 - 1e-9
-
-    def slope(y: float) -> float:
-        if not grows or y <= c0:
-            return 0.0
-        x_max = min(float(np.interp(y, ys, xs, right=np.inf)), y / rho)
-        if not math.isfinite(x_max) or x_max <= 0:
-            return 0.0
-        cand = np.append(pts[pts <= x_max], x_max)
-        return float(np.min(np.asarray(cost.cp_comm_s(cand, 0)) / cand)) * shrink
-
-    return slope
-
-
 def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas: int, known: float) -> float:
     """Raise ``known`` (a bound on the busiest replica) by charging sharded samples their exchange.
 
@@ -580,7 +454,7 @@ def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas:
     Σ_local (1 − θ)·local / cp``. Which samples are sharded is the plan's choice, so each sample takes the
     cheaper term; but a sample whose one-rank time exceeds T cannot be local in a plan of time T. Hence for every
     T: optimum >= min(T, f(T)) with f(T) the best such sum (plus h); f falls as T grows and the bound is its
-    crossing, found by bisection. Besides the minorant's slopes, the slope of :func:`_chord_slope` at T: no
+    crossing, found by bisection. Besides the minorant's slopes, the slope of :func:`chord_slope` at T: no
     micro-batch of a plan of time T exchanges more tokens than the exchange time or the shares' linear work allow
     within T, and below that size the exchange is at least that chord's slope times the tokens — on a concave
     table much steeper than the minorant's, which must hold for any size. Cost: O(samples · lines · θs · 40)."""
@@ -596,7 +470,7 @@ def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas:
     sharded = th * np.tile(slopes, theta.size)[None, :] * s[:, None] + forms.shard[:, None]
     local = (1.0 - th) * forms.local[:, None] / cost.cfg.cp
     local_short = (1.0 - theta)[None, :] * forms.local[:, None] / cost.cfg.cp
-    chord = _chord_slope(cost)
+    chord = chord_slope(cost)
 
     def f(t: float) -> float:
         fits = (forms.local + h <= t)[:, None]
@@ -608,20 +482,3 @@ def exchange_bound(lengths: np.ndarray, forms: Forms, cost: CostModel, replicas:
         return best / replicas + h
 
     return crossing(f, known, 40)
-
-
-def crossing(f: Callable[[float], float], lo: float, probes: int) -> float:
-    """Bisection for the bound where a falling f crosses the identity, given ``lo`` already a bound: when f(t)
-    bounds every plan of time at most t, the optimum is at least min(t, f(t)), so a probe t with f(t) > t is a
-    bound. The search runs between lo and f(lo) (for t >= lo, f(t) <= f(lo)), ``probes`` halvings; returns the
-    largest bound found (``lo`` when f(lo) <= lo)."""
-    hi = f(lo)
-    for _ in range(probes):  # invariant: the optimum >= lo
-        if hi <= lo:
-            break
-        mid = 0.5 * (lo + hi)
-        if f(mid) > mid:
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -24,7 +24,7 @@ exchange term (its extra micro-batches' h included) also bounds. Replicas are al
 may be held to replicas 0..k (any plan relabelled by first use). HiGHS's dual bound is used, so a search it stops
 early (``NODES``, deterministic) still gives a valid, if weaker, value.
 
-The exchange per token is steeper for the micro-batches a plan of time t can hold (bounds._chord_slope): with
+The exchange per token is steeper for the micro-batches a plan of time t can hold (bound_parts.chord_slope): with
 that slope as one more line the program gives R(t), valid only for plans of time <= t, so the optimum is at
 least min(t, R(t)); a few bisection probes find the t where they cross, as in bounds.exchange_bound.
 
@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from ..cost import CostModel
-from .bounds import Forms, _chord_slope, comm_minorant, crossing, per_micro_batch_s
+from .bound_parts import Forms, chord_slope, comm_minorant, crossing, per_micro_batch_s
 from .quiet import native_stdout_silenced
 
 __all__ = ["replica_bound", "REPLICA_LIMIT"]
@@ -67,7 +67,7 @@ class _Program:
 
     def __init__(self, s: np.ndarray, forms: Forms, cost: CostModel, replicas: int) -> None:
         self.d, self.r, self.h = cost.cfg.cp, replicas, per_micro_batch_s(cost)
-        self.chord = _chord_slope(cost)
+        self.chord = chord_slope(cost)
         order = np.argsort(-forms.local, kind="stable")
         self.placed = order[:INTEGRAL]
         self.s, self.forms = s, forms

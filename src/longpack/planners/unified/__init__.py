@@ -41,9 +41,10 @@ from collections.abc import Callable
 from functools import cache
 
 from ...plan import Step
-from ..base import Batch, PlanContext, Planner, register
+from ..base import Batch, PlanContext
 from ..beside import fill_step
 from ..groups import MIN_GAIN, divisors, regroup
+from ..registry import Planner, register
 from .knobs import Candidate, candidates
 from .layout import Layout, Rates, floor
 from .moves import BUDGET, Budget, balance, search
