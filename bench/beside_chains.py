@@ -47,7 +47,7 @@ def main() -> None:
     rows = ["| workload | planner | micro-batches without | with | TRL bfd_split packs | with / TRL | simulated s "
             "without | with | planning s without | with |", "|---|---|---|---|---|---|---|---|---|---|"]
     for workload in ("chatqa2-long-sft", "tulu3-longwriter"):
-        spec = jobs.RunSpec(workload=workload, samples=args.samples, dp=8, bucket_size=PACK, max_len=PACK)
+        spec = jobs.RunSpec(workload=workload, samples=args.samples, dp=8, token_cap=PACK, max_len=PACK)
         lengths, default = jobs.load_workload(spec)
         trl = _trl_packs(lengths, spec.global_batch, spec.seed)
         for planner in PLANNERS:
@@ -60,7 +60,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     body = "\n".join(rows) + (
         f"\n\n{args.samples} samples of each workload, global batch 256, seed 0; qwen2.5-0.5b on the H100 cost model, "
-        "DP 8, CP 1, --bucket-size 16384, --max-len 16384 (over-long samples split into chains). Without: whole "
+        "DP 8, CP 1, --token-cap 16384, --max-len 16384 (over-long samples split into chains). Without: whole "
         "samples never join a chain's micro-batch (the code before). TRL's packs cut documents apart, so its count "
         "is a floor for exact training, not a plan of the same computation.")
     if args.write:

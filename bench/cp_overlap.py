@@ -35,7 +35,7 @@ def worker(rank: int, world: int, port: int, out: str, planner: str, overlap: bo
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     init_distributed("cpu")
-    spec = jobs.RunSpec(workload="tiny-longtail", model="tiny-llama", hardware="cpu", dp=1, cp=2, bucket_size=2048,
+    spec = jobs.RunSpec(workload="tiny-longtail", model="tiny-llama", hardware="cpu", dp=1, cp=2, token_cap=2048,
                         global_batch=64, steps=steps + 1, seed=0)
     lengths, max_len = jobs.load_workload(spec)
     plan, _ = jobs.run_plan(planner, lengths, spec, jobs.build_cost(spec), max_len)

@@ -42,7 +42,7 @@ fi
     --out "$OUT/calibrated.json" --json > "$OUT/calibrate.json"
 for planner in random_padded bfd isf unified; do
     $LAUNCH -m longpack.cli train --workload "$WORKLOAD" --samples 20000 --model "$MODEL" --planner "$planner" \
-        --dtype "$DTYPE" --steps "$STEPS" --global-batch "$BATCH" --bucket-size "$CAP" --json \
+        --dtype "$DTYPE" --steps "$STEPS" --global-batch "$BATCH" --token-cap "$CAP" --json \
         > "$OUT/train-$planner.jsonl"
 done
 if [ "$NGPU" -gt 1 ]; then  # LongpackTrainer under Accelerate's FSDP2 (not applied on CPU) against plain float64

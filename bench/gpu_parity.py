@@ -85,7 +85,7 @@ def longpack_train(model_dir: Path, rows: Path, steps: int, dtype: str, nproc: i
                    *flags: str) -> tuple[list[float], str]:
     """One ``longpack train`` run (torchrun on GPUs, its own --nproc launcher on CPU); per-step losses."""
     cmd = ["-m", "longpack.cli", "train", "--data", str(rows), "--model-path", str(model_dir), "--planner", "unified",
-           "--dtype", dtype, "--steps", str(steps), "--global-batch", str(BATCH), "--bucket-size", str(cap),
+           "--dtype", dtype, "--steps", str(steps), "--global-batch", str(BATCH), "--token-cap", str(cap),
            "--lr", str(LR), "--json", *flags]
     if gpu and nproc > 1:
         cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *cmd]

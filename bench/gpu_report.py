@@ -44,7 +44,7 @@ def main() -> None:
         log = [json.loads(x) for x in (out / f"train-{planner}.jsonl").read_text().splitlines() if x.startswith("{")]
         steps = [r for r in log if "step" in r]
         run = jobs.RunSpec(workload=args.workload, samples=20000, model=args.model, hardware="h100", dp=1, cp=1,
-                           global_batch=args.batch, steps=args.steps, bucket_size=args.cap)
+                           global_batch=args.batch, steps=args.steps, token_cap=args.cap)
         lengths, default_max_len = jobs.load_workload(run)
         plan, _ = jobs.run_plan(planner, lengths, run, jobs.build_cost(run), default_max_len)
         flops = []

@@ -81,7 +81,7 @@ def run_longpack(model: Path, rows: Path, batch: int, gpus: int = 0, cap: int = 
            "--planner", "unified", "--global-batch", str(batch), "--json"]
     if gpus:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
-               *cmd[1:], "--dtype", "bfloat16", "--hardware", "h100", "--bucket-size", str(cap)]
+               *cmd[1:], "--dtype", "bfloat16", "--hardware", "h100", "--token-cap", str(cap)]
     else:
         cmd += ["--nproc", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout

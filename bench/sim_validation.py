@@ -42,7 +42,7 @@ def main() -> None:
                                   "--planner", planner, "--nproc", "2", "--steps", str(args.steps), "--json"],
                                  capture_output=True, text=True, check=True).stdout
             measured = [json.loads(x)["step_seconds"] for x in out.splitlines() if x.startswith('{"step"')]
-            spec = jobs.RunSpec(workload="tiny-longtail", model="tiny-llama", hardware=hw, dp=2, bucket_size=4096,
+            spec = jobs.RunSpec(workload="tiny-longtail", model="tiny-llama", hardware=hw, dp=2, token_cap=4096,
                                 global_batch=32, steps=args.steps, seed=0)
             lengths, max_len = jobs.load_workload(spec)
             cost = jobs.build_cost(spec)

@@ -134,7 +134,7 @@ def _bfd_split_packs(lengths, batches, pack):
 def test_long_document_micro_batches_close_to_trl_bfd_split(planner):
     """ChatQA2 at 16K on one rank per replica: without filling, chains' tails alone took 30-60% more micro-batches
     than TRL's bfd_split packs (which cut documents apart; chains keep them whole and exact)."""
-    spec = jobs.RunSpec(workload="chatqa2-long-sft", samples=1024, dp=8, bucket_size=16384, max_len=16384)
+    spec = jobs.RunSpec(workload="chatqa2-long-sft", samples=1024, dp=8, token_cap=16384, max_len=16384)
     lengths, default = jobs.load_workload(spec)
     plan, _ = jobs.run_plan(planner, lengths, spec, jobs.build_cost(spec), default, note=None)
     ours = sum(_count(step) for step in plan.steps)

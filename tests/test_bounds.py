@@ -261,7 +261,7 @@ def test_the_per_replica_program_keeps_highs_prints_off_stdout(capfd):
 
     lengths = np.array([28417, 243, 661, 13909, 6597, 18283, 11257, 20401, 5970, 11722, 14398, 9042, 23307, 5770,
                         441, 10584], dtype=np.float64)
-    cost = calibrated_cost("qwen2.5-0.5b", "h100", bucket=26 * 1024, dp=1, cp=8)
+    cost = calibrated_cost("qwen2.5-0.5b", "h100", token_cap=26 * 1024, dp=1, cp=8)
     print("before")
     bound = step_lower_bound(lengths, cost, degrees=[1, 2, 4, 8])
     print("after")

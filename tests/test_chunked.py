@@ -211,4 +211,4 @@ def test_chunk_parity_unified_chains_single_process():
 
 def test_chunk_train_cli_unified_end_to_end():
     """`longpack train --planner unified` with chains (the runtime keeps them at cp 1)."""
-    _train_two_steps("--planner", "unified", "--bucket-size", "256", "--cp", "2")
+    _train_two_steps("--planner", "unified", "--token-cap", "256", "--cp", "2")

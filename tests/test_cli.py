@@ -66,9 +66,21 @@ def test_bench_planning_json():
 def test_overlong_counts_reported(tmp_path):
     f = tmp_path / "l.txt"
     f.write_text("10\n5000\n20\n")
-    data = json.loads(run("compare", "--lengths", str(f), "--model", "tiny", "--hardware", "cpu", "--bucket-size",
+    data = json.loads(run("compare", "--lengths", str(f), "--model", "tiny", "--hardware", "cpu", "--token-cap",
                           "1000", "--planners", "fixed_cp", "--overlong", "truncate", "--json").stdout)
     assert data["samples"]["truncated"] == 1 and data["samples"]["limit"] == 1000
+
+
+def test_bucket_size_is_a_deprecated_alias_of_token_cap(tmp_path):
+    f = tmp_path / "l.txt"
+    f.write_text("10\n5000\n20\n")
+    common = ["compare", "--lengths", str(f), "--model", "tiny", "--hardware", "cpu", "--planners", "fixed_cp",
+              "--overlong", "truncate", "--json"]
+    new, old = run(*common, "--token-cap", "1000"), run(*common, "--bucket-size=1000")
+    assert json.loads(old.stdout)["samples"] == json.loads(new.stdout)["samples"]
+    assert json.loads(old.stdout)["samples"]["limit"] == 1000
+    assert "--bucket-size is deprecated" in old.stderr and "use --token-cap" in old.stderr
+    assert "deprecated" not in new.stderr
 
 
 def _bad(tmp_path, name, content):
@@ -84,7 +96,7 @@ def _bad(tmp_path, name, content):
     ("NaN length", lambda t: ["--lengths", _bad(t, "nan.jsonl", '{"length": NaN}\n')], "has length nan"),
     ("malformed JSONL", lambda t: ["--lengths", _bad(t, "m.jsonl", '{"length": 3}\n{"length": \n')],
      "m.jsonl:2: malformed JSON line"),
-    ("longer than every cap", lambda t: ["--lengths", _bad(t, "o.txt", "10\n99999\n"), "--bucket-size", "100",
+    ("longer than every cap", lambda t: ["--lengths", _bad(t, "o.txt", "10\n99999\n"), "--token-cap", "100",
                                          "--overlong", "error", "--global-batch", "2"],
      "sample 1 has 99999 tokens > limit 100"),
     ("unknown model", lambda t: ["--workload", "tiny-longtail", "--model", "gpt-9"], "unknown model 'gpt-9'"),

@@ -65,10 +65,18 @@ def test_config_round_trips_every_flag_of_train(tmp_path):
 
 def test_command_line_flags_override_the_config(tmp_path):
     conf = tmp_path / "run.yaml"
-    conf.write_text("lr: 0.5\nbucket-size: 8192\nfsdp: false\nopt: [chunk_size=256]\n")
+    conf.write_text("lr: 0.5\ntoken-cap: 8192\nfsdp: false\nopt: [chunk_size=256]\n")
     params = _train_command().make_context("train", ["--config", str(conf), "--lr", "0.1"]).params
-    assert params["lr"] == 0.1 and params["bucket_size"] == 8192 and params["fsdp"] is False
+    assert params["lr"] == 0.1 and params["token_cap"] == 8192 and params["fsdp"] is False
     assert params["opt"] == ("chunk_size=256",) or params["opt"] == ["chunk_size=256"]
+
+
+def test_the_deprecated_bucket_size_key_still_sets_the_token_cap(tmp_path, capsys):
+    conf = tmp_path / "run.yaml"
+    conf.write_text("bucket-size: 2048\n")
+    params = _train_command().make_context("train", ["--config", str(conf)]).params
+    assert params["token_cap"] == 2048
+    assert "--bucket-size is deprecated" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -93,4 +101,4 @@ def test_the_readme_gpu_example_is_a_valid_config():
 
     example = Path(__file__).resolve().parent.parent / "examples" / "gpu-qwen2.5-7b.yaml"
     params = _train_command().make_context("train", ["--config", str(example)]).params
-    assert params["lr_scheduler"] == "cosine" and params["bucket_size"] == 16384 and params["dtype"] == "bfloat16"
+    assert params["lr_scheduler"] == "cosine" and params["token_cap"] == 16384 and params["dtype"] == "bfloat16"

@@ -106,7 +106,7 @@ def test_train_cli_skrull_cp2_and_hbp_mixed_cp():
     import subprocess
     import sys
 
-    for extra in (["--planner", "skrull", "--cp", "2", "--bucket-size", "2048"],
+    for extra in (["--planner", "skrull", "--cp", "2", "--token-cap", "2048"],
                   ["--planner", "hbp", "--opt", "groups=512:1:0,4096:2:0", "--opt", "curriculum=0"]):
         proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--workload", "tiny-longtail",
                                "--nproc", "2", "--steps", "2", "--global-batch", "48", "--samples", "200", "--json",

@@ -121,7 +121,7 @@ def test_help_lists_workloads_and_planners():
 def test_plan_and_compare_warn_once_about_a_plan_that_runs_out_of_memory(tmp_path):
     # fixed_cp at 7B with the whole sample on every rank of its group: over an 80 GiB H100 on the longest steps
     args = ["--workload", "chatqa2-long-sft", "--model", "qwen2.5-7b", "--dp", "1", "--cp", "8", "--steps", "3",
-            "--samples", "3000", "--bucket-size", "200000"]
+            "--samples", "3000", "--token-cap", "200000"]
     proc = _cli("plan", "--planner", "fixed_cp", *args, "--out", str(tmp_path / "p.json"))
     assert proc.returncode == 0, proc.stderr
     notes = [ln for ln in proc.stderr.splitlines() if "runs out of memory" in ln]

@@ -181,7 +181,7 @@ def test_hf_errors_name_the_config_fields_of_this_path(tmp_path):
         LongpackConfig(overlong="cut")
     with pytest.raises(ValueError, match=r"LongpackConfig\(cp=0\)"):
         LongpackConfig(cp=0)
-    assert config_message("use --max-len or --bucket-size") == \
+    assert config_message("use --max-len or --token-cap") == \
         "use LongpackConfig.max_len or LongpackConfig.token_cap"
 
 

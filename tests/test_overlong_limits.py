@@ -44,7 +44,7 @@ def test_hbp_splits_at_max_len_and_counts_what_it_split():
 
 
 def test_hbp_keeps_a_configured_token_cap():
-    """--bucket-size 256 holds for HBP's groups (it used the memory model's cap of 737,271 tokens instead), and
+    """--token-cap 256 holds for HBP's groups (it used the memory model's cap of 737,271 tokens instead), and
     auto-selected packing lengths that no SP degree fits under it are refused in one line."""
     cost = CostModel(get_model("tiny-llama"), get_hardware("cpu"), TrainConfig(dp=2, token_cap=256))
     lengths = np.array([30, 200, 500, 90, 12, 300, 7, 64])
@@ -52,5 +52,5 @@ def test_hbp_keeps_a_configured_token_cap():
     plan = get_planner("hbp").plan(lengths, global_batches(8, 8), ctx)
     plan.validate()
     assert {s.token_cap for s in plan.steps} == {256}
-    with pytest.raises(ValueError, match="fits --bucket-size 256 tokens per rank"):
+    with pytest.raises(ValueError, match="fits --token-cap 256 tokens per rank"):
         get_planner("hbp").plan(lengths, global_batches(8, 8), PlanContext(cost=cost))

@@ -100,7 +100,7 @@ def _run_longpack(tmp_path, rows, *flags):
     out = tmp_path / "out"
     proc = _train("--data", str(rows), "--model-path", str(tmp_path / "tiny"), "--output-dir", str(out),
                   "--planner", "unified", "--nproc", "2", "--steps", str(STEPS), "--global-batch", str(BATCH),
-                  "--bucket-size", "64", "--dtype", "float64", "--lr", str(LR), "--json", *flags)
+                  "--token-cap", "64", "--dtype", "float64", "--lr", str(LR), "--json", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     return [x for x in lines if "step" in x], next(x["data"] for x in lines if "data" in x), out

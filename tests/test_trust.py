@@ -233,7 +233,7 @@ def test_blank_lines_are_counted_and_errors_name_the_file_row(tmp_path):
     rows.write_text('{"input_ids": [1, 2, 3, 4, 5]}\n\n{"input_ids": []}\n' + long + "\n")
     got = load_rows(rows).describe()
     assert got["rows"] == 4 and got["empty_dropped"] == 2 and got["empty_at"] == [f"{rows}:2", f"{rows}:3"]
-    args = TrainArgs(data=str(rows), run=jobs.RunSpec(model="tiny-llama", hardware="cpu", bucket_size=16,
+    args = TrainArgs(data=str(rows), run=jobs.RunSpec(model="tiny-llama", hardware="cpu", token_cap=16,
                                                       global_batch=2, overlong="error"))
     with pytest.raises(ValueError, match=rf"^{rows}:4 has 40 tokens > limit 16"):  # sample 1, the file's line 4
         plan_stream(args, 1, note=None)

@@ -45,7 +45,9 @@ Pp = Annotated[int, typer.Option(min=1, help="Pipeline-parallel degree.")]
 World = Annotated[int | None, typer.Option(min=1, help="Total GPUs; checked against dp*tp*pp*cp.")]
 Zero = Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage (0-3) for static memory.")]
 Ckpt = Annotated[int, typer.Option(min=0, help="Checkpointed (recomputed) layers per stage.")]
-Bucket = Annotated[int | None, typer.Option(min=1, help="Token cap per rank per micro-batch; default: memory model.")]
+TokenCap = Annotated[int | None, typer.Option("--token-cap", "--bucket-size", min=1,
+                                              help="Token cap per rank per micro-batch (Skrull's BucketSize); "
+                                                   "default: memory model. (--bucket-size: deprecated alias.)")]
 GlobalBatch = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")]
 Steps = Annotated[int | None, typer.Option(min=1, help="Plan only the first N optimizer steps (default: an epoch).")]
 COMPARE_STEPS = 8  # compare's steps without --steps or --epoch: the answer in seconds, not an hour
@@ -66,9 +68,18 @@ Opt = Annotated[list[str] | None, typer.Option("--opt", help="Planner option KEY
                                                "rollback=longest, micro_batch_size=1.")]
 
 
+DEPRECATED = {"bucket-size": "token-cap"}  # old flag -> its name now; kept as an alias for one release
+
+
+def _deprecated(*old: str) -> None:
+    for name in old:
+        print(f"longpack: warning: --{name} is deprecated and will be removed; use --{DEPRECATED[name]} (the same "
+              "token budget per rank per micro-batch)", file=sys.stderr)
+
+
 def _load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
     """``--config FILE``: a YAML (or JSON) mapping of flags, each key a flag as the command spells it without
-    ``--`` (``bucket-size: 8192``, ``fsdp: false``, ``opt: [chunk_size=256]``), made the command's defaults, so a
+    ``--`` (``token-cap: 8192``, ``fsdp: false``, ``opt: [chunk_size=256]``), made the command's defaults, so a
     flag given on the command line overrides it. An unknown key or a file that is not a mapping is one line."""
     if value is None:
         return None
@@ -87,6 +98,8 @@ def _load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | N
     if unknown:
         raise typer.BadParameter(f"{value}: no flag {', '.join(unknown)} in `{ctx.info_name}` (keys are its flags "
                                  "without --, as `--help` lists them)")
+    if any(str(k) in DEPRECATED for k in data):
+        _deprecated(*(str(k) for k in data if str(k) in DEPRECATED))
     ctx.default_map = {**(ctx.default_map or {}), **{names[str(k)]: v for k, v in data.items()}}
     return value
 
@@ -116,7 +129,7 @@ def _options(opts: list[str] | None) -> dict[str, Any]:
 
 def _common(workload: str | None, lengths: str | None, column: str, tokenizer: str | None, samples: int | None,
             model: str, hardware: str, dp: int, cp: int, tp: int, pp: int, world: int | None, zero_stage: int,
-            ckpt_layers: int, bucket_size: int | None, global_batch: int, steps: int | None, seed: int,
+            ckpt_layers: int, token_cap: int | None, global_batch: int, steps: int | None, seed: int,
             max_len: int | None, overlong: str, pack_len: int | None, micro_batch_size: int | None,
             opt: list[str] | None = None) -> jobs.RunSpec:
     options: dict[str, Any] = _options(opt)
@@ -126,7 +139,7 @@ def _common(workload: str | None, lengths: str | None, column: str, tokenizer: s
         options["micro_batch_size"] = micro_batch_size
     return jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, tokenizer=tokenizer, samples=samples,
                         model=model, hardware=hardware, dp=dp, cp=cp, tp=tp, pp=pp, world=world,
-                        zero_stage=zero_stage, ckpt_layers=ckpt_layers, bucket_size=bucket_size,
+                        zero_stage=zero_stage, ckpt_layers=ckpt_layers, token_cap=token_cap,
                         global_batch=global_batch, steps=steps, seed=seed, max_len=max_len, overlong=overlong,
                         options=options)
 
@@ -156,12 +169,12 @@ def plan(planner: PlannerName = "unified",
          workload: Workload = None, lengths: Lengths = None, column: Column = "length", tokenizer: Tokenizer = None,
          samples: Samples = None, model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1,
          cp: Cp = 1, tp: Tp = 1, pp: Pp = 1, world: World = None, zero_stage: Zero = 2, ckpt_layers: Ckpt = 0,
-         bucket_size: Bucket = None, global_batch: GlobalBatch = 256, steps: Steps = None, seed: Seed = 0,
+         token_cap: TokenCap = None, global_batch: GlobalBatch = 256, steps: Steps = None, seed: Seed = 0,
          max_len: MaxLen = None, overlong: Overlong = "split", pack_len: PackLen = None,
          micro_batch_size: MicroBatchSize = None, opt: Opt = None) -> None:
     """Plan the workload with one planner and write the validated Plan JSON."""
     spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
-                   zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
+                   zero_stage, ckpt_layers, token_cap, global_batch, steps, seed, max_len, overlong, pack_len,
                    micro_batch_size, opt)
     from .progress import meter
     from .sim import simulate as sim
@@ -212,7 +225,7 @@ def simulate(plan_file: Annotated[Path, typer.Argument(help="A Plan JSON written
     spec = jobs.RunSpec(model=model or meta.get("model", "qwen2.5-0.5b"), hardware=hardware or meta.get("hardware",
                         "h100"), dp=meta.get("dp", p.world), cp=meta.get("cp", 1), tp=meta.get("tp", 1),
                         pp=meta.get("pp", 1), ckpt_layers=meta.get("ckpt_layers", 0),
-                        bucket_size=meta.get("token_cap"))
+                        token_cap=meta.get("token_cap"))
     result = jobs.summarize(p, jobs.build_cost(spec))
     if json_out:
         print(json.dumps(result))
@@ -235,7 +248,7 @@ def compare(planners: PlannerNames = "unified,skrull,chunkflow,hbp,fixed_cp,sort
             workload: Workload = None, lengths: Lengths = None, column: Column = "length",
             tokenizer: Tokenizer = None, samples: Samples = None, model: Model = "qwen2.5-0.5b",
             hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1, pp: Pp = 1, world: World = None,
-            zero_stage: Zero = 2, ckpt_layers: Ckpt = 0, bucket_size: Bucket = None,
+            zero_stage: Zero = 2, ckpt_layers: Ckpt = 0, token_cap: TokenCap = None,
             global_batch: GlobalBatch = 256, steps: CompareSteps = None, epoch: Epoch = False, seed: Seed = 0,
             max_len: MaxLen = None, overlong: Overlong = "split", pack_len: PackLen = None,
             micro_batch_size: MicroBatchSize = None, opt: Opt = None, all_columns: AllColumns = False,
@@ -245,7 +258,7 @@ def compare(planners: PlannerNames = "unified,skrull,chunkflow,hbp,fixed_cp,sort
     if not epoch and steps is None:
         steps = COMPARE_STEPS
     spec = _common(workload, lengths, column, tokenizer, samples, model, hardware, dp, cp, tp, pp, world,
-                   zero_stage, ckpt_layers, bucket_size, global_batch, steps, seed, max_len, overlong, pack_len,
+                   zero_stage, ckpt_layers, token_cap, global_batch, steps, seed, max_len, overlong, pack_len,
                    micro_batch_size, opt)
     names = [n.strip() for n in planners.split(",") if n.strip()]
     result = jobs.compare(spec, names, baseline)
@@ -374,7 +387,7 @@ def report(out: Annotated[Path, typer.Option(help="HTML file to write (with --ru
            workload: Workload = None, lengths: Lengths = None, column: Column = "length", samples: Samples = None,
            model: Model = "qwen2.5-0.5b", hardware: Hardware = "h100", dp: Dp = 1, cp: Cp = 1, tp: Tp = 1,
            pp: Pp = 1, global_batch: GlobalBatch = 256, steps: Annotated[int, typer.Option(min=1, help="Steps.")] = 4,
-           seed: Seed = 0, bucket_size: Bucket = None, max_len: MaxLen = None, opt: Opt = None) -> None:
+           seed: Seed = 0, token_cap: TokenCap = None, max_len: MaxLen = None, opt: Opt = None) -> None:
     """One self-contained HTML page: comparison table, per-rank load bars, step Gantt chart, memory, lengths; or,
     with --run, a training run's curves."""
     if run is not None:
@@ -386,7 +399,7 @@ def report(out: Annotated[Path, typer.Option(help="HTML file to write (with --ru
 
     spec = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
                         hardware=hardware, dp=dp, cp=cp, tp=tp, pp=pp, global_batch=global_batch, steps=steps,
-                        seed=seed, bucket_size=bucket_size, max_len=max_len, options=_options(opt))
+                        seed=seed, token_cap=token_cap, max_len=max_len, options=_options(opt))
     names = [n.strip() for n in planners.split(",") if n.strip()]
     out.write_text(build_report(spec, names, baseline))
     print(f"wrote {out}")
@@ -404,7 +417,9 @@ def train(planner: PlannerName = "unified",
           epochs: Annotated[int, typer.Option(min=1, help="Passes over the rows, each a new permutation (seeded "
                                               "by --seed and the epoch) planned as global batches of its own; "
                                               "--steps counts over all of them.")] = 1,
-          bucket_size: Annotated[int, typer.Option(min=1, help="Token cap per rank per micro-batch.")] = 4096,
+          token_cap: Annotated[int, typer.Option("--token-cap", "--bucket-size", min=1,
+                                                 help="Token cap per rank per micro-batch. (--bucket-size: "
+                                                      "deprecated alias.)")] = 4096,
           max_len: MaxLen = None, overlong: Overlong = "split", opt: Opt = None,
           lr: Annotated[float, typer.Option(help="AdamW learning rate (the peak, with a schedule).")] = 1e-3,
           lr_scheduler: Annotated[str, typer.Option(help="constant, linear or cosine (decay to --min-lr over the "
@@ -480,7 +495,7 @@ def train(planner: PlannerName = "unified",
         workload, lengths = None, None  # the rows' own lengths are planned
     run = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
                        hardware=hardware, cp=cp, global_batch=global_batch, steps=steps, seed=seed,
-                       bucket_size=bucket_size, max_len=max_len, overlong=overlong, options=_options(opt),
+                       token_cap=token_cap, max_len=max_len, overlong=overlong, options=_options(opt),
                        ckpt_layers=ckpt_layers, epochs=epochs)
     args = TrainArgs(planner=planner, run=run, lr=lr, lr_scheduler=lr_scheduler, warmup_steps=warmup_steps,
                      warmup_ratio=warmup_ratio, min_lr=min_lr, max_grad_norm=max_grad_norm,
@@ -547,6 +562,8 @@ def reproduce_all(steps: Annotated[int | None, typer.Option(min=1, help="Global 
 
 def main() -> None:
     """Entry point: run the app; user errors (bad flags included) become one line and exit code 2."""
+    _deprecated(*(a[2:].split("=")[0] for a in sys.argv[1:] if a.startswith("--") and a[2:].split("=")[0]
+                  in DEPRECATED))
     try:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)

@@ -267,7 +267,8 @@ class CostModel:
         return self.static_bytes + act + self.kv_store_bytes(prefix_tokens) + self.hw.reserve_gib * 2**30
 
     def token_cap(self, ckpt_layers: int | None = None) -> int:
-        """BucketSize: most tokens one rank may hold in one micro-batch (a configured cap overrides the model).
+        """The token cap (Skrull's BucketSize C): most tokens one rank may hold in one micro-batch (a configured cap
+        overrides the model).
 
         ``floor((memory − reserve − static) / (fragmentation · α(k)))``; 0 when even static state does not fit.
         """

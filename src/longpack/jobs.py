@@ -53,7 +53,7 @@ class RunSpec:
     world: int | None = None
     zero_stage: int = 2
     ckpt_layers: int = 0
-    bucket_size: int | None = None
+    token_cap: int | None = None
     global_batch: int = 256
     steps: int | None = None
     epochs: int = 1  # passes over the samples, each its own permutation (planners.global_batches)
@@ -94,7 +94,7 @@ def build_cost(spec: RunSpec, model: ModelSpec | None = None) -> CostModel:
     """The cost model of ``spec`` (``model``: shapes read from a checkpoint instead of the preset); a layout that
     does not match ``--world`` or a model that cannot fit raises."""
     cfg = TrainConfig(dp=spec.dp, cp=spec.cp, tp=spec.tp, pp=spec.pp, zero_stage=spec.zero_stage,
-                      ckpt_layers=spec.ckpt_layers, token_cap=spec.bucket_size)
+                      ckpt_layers=spec.ckpt_layers, token_cap=spec.token_cap)
     if spec.world is not None and spec.world != cfg.world:
         raise ValueError(f"--world {spec.world} != dp {spec.dp} x tp {spec.tp} x pp {spec.pp} x cp {spec.cp} "
                          f"= {cfg.world}; make the degrees multiply to the world size")
@@ -190,7 +190,7 @@ def oom_note(name: str, report: SimReport, cost: CostModel) -> str | None:
     rank = int(np.argmax(first.peak_mem_bytes))
     need = max(first.peak_mem_bytes) / 2**30
     return (f"{name} runs out of memory on {len(bad)} of {len(report.steps)} steps: step {first.step} needs "
-            f"{need:.1f} GiB on rank {rank}, {cost.hw.name} has {cost.hw.memory_gib:g} GiB (lower --bucket-size, "
+            f"{need:.1f} GiB on rank {rank}, {cost.hw.name} has {cost.hw.memory_gib:g} GiB (lower --token-cap, "
             "raise --ckpt-layers or --cp; unified keeps every micro-batch under the memory model's cap)")
 
 

@@ -102,7 +102,7 @@ class LongpackConfig:
 
 
 _FIELDS = {"--overlong": "LongpackConfig.overlong", "--max-len": "LongpackConfig.max_len",
-           "--cp": "LongpackConfig.cp", "--bucket-size": "LongpackConfig.token_cap",
+           "--cp": "LongpackConfig.cp", "--token-cap": "LongpackConfig.token_cap",
            "--global-batch": "LongpackConfig.global_batch", "--opt": "LongpackConfig.options",
            "--pack-len": "LongpackConfig.options['pack_len']", "--ckpt-layers": "LongpackConfig.ckpt_layers",
            "--micro-batch-size": "LongpackConfig.options['micro_batch_size']",
@@ -232,7 +232,7 @@ class LongpackMixin:
         cfg = self.lp
         options = dict(cfg.options)
         run = jobs.RunSpec(model=getattr(net.config, "name_or_path", "") or "model", hardware=cfg.hardware,
-                           dp=world // cfg.cp, cp=cfg.cp, bucket_size=cfg.token_cap, global_batch=cfg.global_batch,
+                           dp=world // cfg.cp, cp=cfg.cp, token_cap=cfg.token_cap, global_batch=cfg.global_batch,
                            seed=cfg.seed, max_len=cfg.max_len, overlong=cfg.overlong, ckpt_layers=cfg.ckpt_layers,
                            options=options, epochs=epochs)
         try:

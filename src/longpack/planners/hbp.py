@@ -181,7 +181,7 @@ class HBP(Planner):
 
     @staticmethod
     def _group_cost(cost: CostModel, g: Group, world: int) -> CostModel:
-        # a configured token cap (--bucket-size) holds for every group; memory sets it otherwise
+        # a configured token cap (--token-cap) holds for every group; memory sets it otherwise
         return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=g.sp, dp=world // g.sp, ckpt_layers=g.ckpt))
 
     # --- 2-3. packing and GreedyFill ------------------------------------------------------------------------

@@ -59,7 +59,7 @@ class Group:
 
 
 def _cost_for(cost: CostModel, sp: int, world: int) -> CostModel:
-    """The cost model at SP ``sp``; a configured token cap (--bucket-size) stays, else memory sets it."""
+    """The cost model at SP ``sp``; a configured token cap (--token-cap) stays, else memory sets it."""
     return CostModel(cost.model, cost.hw, replace(cost.cfg, cp=sp, dp=world // sp))
 
 
@@ -123,10 +123,10 @@ def select_groups(lengths: np.ndarray, cost: CostModel, world: int, *, candidate
     if not profiles:  # keep the packing lengths some SP degree fits (the cap, memory); longer samples run as chains
         fitting = [c for c in candidates if table.get(c)]
         if not fitting:
-            room = f"--bucket-size {cap} tokens per rank" if cap is not None else "memory"
+            room = f"--token-cap {cap} tokens per rank" if cap is not None else "memory"
             raise ValueError(f"HBP: no packing length of {candidates} fits {room} at SP <= "
                              f"{max(s for s in sp_set if world % s == 0)}; give --opt groups=LEN:SP:CKPT,..., a "
-                             "larger --cp, or a larger --bucket-size")
+                             "larger --cp, or a larger --token-cap")
         candidates = fitting
     best: dict[int, Strategy] = {}
     for length in candidates:

@@ -150,8 +150,8 @@ def skrull_tables(result: dict[str, Any], console: Console | None = None) -> Non
         f = Table("sweep", "value", "speedup vs fixed_cp", title="Fig. 4a (0.5B, ChatQA2, DP1xCP8)")
         for bs, v in result["fig4a"]["batch_size"].items():
             f.add_row("BatchSize", str(bs), _x(v))
-        for b, v in result["fig4a"]["bucket_size"].items():
-            f.add_row("BucketSize", _k(float(b)), _x(v))
+        for b, v in result["fig4a"]["token_cap"].items():
+            f.add_row("token cap", _k(float(b)), _x(v))
         console.print(f)
 
 

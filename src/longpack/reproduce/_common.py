@@ -1,4 +1,5 @@
-"""Shared machinery of the reproductions: a cost model calibrated to a paper's BucketSize, and timed runs."""
+"""Shared machinery of the reproductions: a cost model calibrated to a paper's token cap (Skrull's BucketSize),
+and timed runs."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from ..sim import simulate
 __all__ = ["calibrated_cost", "run_planner"]
 
 
-def calibrated_cost(model: str, hardware: str, *, bucket: int, **cfg: Any) -> CostModel:
-    """A cost model whose memory limit falls at ``bucket`` tokens per rank, as the paper profiled it.
+def calibrated_cost(model: str, hardware: str, *, token_cap: int, **cfg: Any) -> CostModel:
+    """A cost model whose memory limit falls at ``token_cap`` tokens per rank, as the paper profiled it.
 
     The paper's BucketSize C is its measured maximum token count per rank (with its own safety margin), so the
     activation bytes per token are scaled (via the hardware's fragmentation factor) until the memory model's cap
@@ -27,13 +28,13 @@ def calibrated_cost(model: str, hardware: str, *, bucket: int, **cfg: Any) -> Co
     """
     m, hw = get_model(model), get_hardware(hardware)
     probe = CostModel(m, hw, TrainConfig(**cfg))
-    act = (bucket + 0.5) * probe.act_bytes_per_token()
+    act = (token_cap + 0.5) * probe.act_bytes_per_token()
     free = hw.memory_bytes - hw.reserve_gib * 2**30 - probe.static_bytes
     if free >= act:
         hw = replace(hw, fragmentation=free / act)
     else:  # the paper fits more than our activation estimate allows: take it out of the runtime reserve
         hw = replace(hw, fragmentation=1.0, reserve_gib=max(0.0, (hw.memory_bytes - probe.static_bytes - act) / 2**30))
-    return CostModel(m, hw, TrainConfig(token_cap=bucket, **cfg))
+    return CostModel(m, hw, TrainConfig(token_cap=token_cap, **cfg))
 
 
 def run_planner(name: str, lengths: np.ndarray, cost: CostModel, *, batch: int, steps: int, seed: int,

@@ -33,7 +33,7 @@ PAPER = {
 }
 PAPER_TABLE3 = {"skrull_rr+rollback": 1.17, "skrull_rr-rollback": "OOM", "skrull+rollback": 1.40,
                 "skrull-rollback": "OOM"}
-BUCKET = {"qwen2.5-0.5b": 26 * K, "qwen2.5-7b": 13 * K}
+TOKEN_CAP = {"qwen2.5-0.5b": 26 * K, "qwen2.5-7b": 13 * K}
 
 
 def _layout(model: str, dataset: str) -> tuple[int, int, int]:
@@ -42,7 +42,7 @@ def _layout(model: str, dataset: str) -> tuple[int, int, int]:
 
 def _cell(model: str, dataset: str, lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     dp, cp, bs = _layout(model, dataset)
-    cost = calibrated_cost(model, "h100", bucket=BUCKET[model], dp=dp, cp=cp)
+    cost = calibrated_cost(model, "h100", token_cap=TOKEN_CAP[model], dp=dp, cp=cp)
     run: dict[str, Any] = dict(batch=dp * bs, steps=steps, seed=seed, max_len=get_workload(dataset).default_max_len)
     res = {"skrull": run_planner("skrull", lengths, cost, **run),
            "fixed_cp": run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run),
@@ -51,7 +51,7 @@ def _cell(model: str, dataset: str, lengths: np.ndarray, steps: int, seed: int) 
            "unified": run_planner("unified", lengths, cost, **run)}
     t = {k: v["step_time_s"] for k, v in res.items()}
     paper = PAPER[(model, dataset)]
-    return {"model": model, "dataset": dataset, "dp": dp, "cp": cp, "batch_size": bs, "bucket": BUCKET[model],
+    return {"model": model, "dataset": dataset, "dp": dp, "cp": cp, "batch_size": bs, "token_cap": TOKEN_CAP[model],
             "speedup_vs_fixed_cp": t["fixed_cp"] / t["skrull"], "paper_vs_fixed_cp": paper[0],
             "speedup_vs_sorted": t["sorted"] / t["skrull"], "paper_vs_sorted": paper[1],
             "speedup_vs_fixed_cp_packed": t["fixed_cp_packed"] / t["skrull"], "step_time_s": t,
@@ -67,7 +67,7 @@ def _speedup_or_oom(name: str, lengths: np.ndarray, cost, base: float, **run: An
 
 def _table3(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     """0.5B, ChatQA2, DP1 x CP8, BatchSize 64, BucketSize 26K: placement strategies with and without rollback."""
-    cost = calibrated_cost("qwen2.5-0.5b", "h100", bucket=26 * K, dp=1, cp=8)
+    cost = calibrated_cost("qwen2.5-0.5b", "h100", token_cap=26 * K, dp=1, cp=8)
     run: dict[str, Any] = dict(batch=64, steps=steps, seed=seed)
     base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
     out: dict[str, Any] = {}
@@ -80,22 +80,22 @@ def _table3(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
 
 def _fig4a(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     """Speedup vs DeepSpeed on 0.5B/ChatQA2 at DP1 x CP8: BatchSize 8..64 (C = 26K), BucketSize 8K..32K (BS 64).
-    Memory stays calibrated to 26K, so larger buckets run out of memory as in the paper."""
+    Memory stays calibrated to 26K, so larger caps run out of memory as in the paper."""
     by_batch = {}
-    cost = calibrated_cost("qwen2.5-0.5b", "h100", bucket=26 * K, dp=1, cp=8)
+    cost = calibrated_cost("qwen2.5-0.5b", "h100", token_cap=26 * K, dp=1, cp=8)
     for bs in (8, 16, 24, 32, 40, 48, 56, 64):
         # the same samples at every point: steps x 64 of them, cut into batches of bs
         run: dict[str, Any] = dict(batch=bs, steps=steps * 64 // bs, seed=seed)
         base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
         by_batch[bs] = _speedup_or_oom("skrull", lengths, cost, base, **run)
-    by_bucket = {}
+    by_cap = {}
     for kb in (8, 12, 16, 20, 24, 28, 32):
-        mem = calibrated_cost("qwen2.5-0.5b", "h100", bucket=26 * K, dp=1, cp=8)
+        mem = calibrated_cost("qwen2.5-0.5b", "h100", token_cap=26 * K, dp=1, cp=8)
         cost = type(mem)(mem.model, mem.hw, type(mem.cfg)(dp=1, cp=8, token_cap=kb * K))
         run = dict(batch=64, steps=steps, seed=seed)
         base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
-        by_bucket[kb * K] = _speedup_or_oom("skrull", lengths, cost, base, **run)
-    return {"batch_size": by_batch, "bucket_size": by_bucket,
+        by_cap[kb * K] = _speedup_or_oom("skrull", lengths, cost, base, **run)
+    return {"batch_size": by_batch, "token_cap": by_cap,
             "paper": "speedup rises with BatchSize 8->54 then saturates; rises with BucketSize 8K->32K until OOM"}
 
 
@@ -104,7 +104,7 @@ def reproduce(*, steps: int = 16, samples: int = 50_000, seed: int = 0, sweeps: 
     data = {d: generate(d, samples, seed=seed) for d in ("wikipedia-cn", "lmsys-chat-1m", "chatqa2-long-sft")}
     with meter("reproduce skrull", runs(sweeps), ("run",), "planner runs",
                "quicker: --steps 4 --samples 10000 --no-sweeps"):
-        cells = [_cell(m, d, data[d], steps, seed) for m in BUCKET for d in data]
+        cells = [_cell(m, d, data[d], steps, seed) for m in TOKEN_CAP for d in data]
         avg = float(np.mean([c["speedup_vs_fixed_cp"] for c in cells]))
         out: dict[str, Any] = {
             "cells": cells, "average_vs_fixed_cp": avg, "paper_average_vs_fixed_cp": 3.76,

@@ -18,9 +18,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 @dataclass(frozen=True, kw_only=True)
 class TrainArgs:
-    planner: str = "isf"
+    planner: str = "unified"  # as `longpack train` and LongpackConfig
     run: jobs.RunSpec = field(default_factory=lambda: jobs.RunSpec(workload="tiny-longtail", model="tiny-llama",
-                                                                    hardware="cpu", bucket_size=4096,
+                                                                    hardware="cpu", token_cap=4096,
                                                                     global_batch=32))
     data: str | None = None
     mask_column: str | None = None
@@ -92,7 +92,7 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
             "model-path": args.model_path, "model": r.model, "workload": r.workload, "lengths": r.lengths_file,
             "samples": r.samples, "seed": r.seed, "epochs": r.epochs, "global-batch": r.global_batch, "cp": r.cp,
             "nproc": world,
-            "bucket-size": r.bucket_size, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
+            "token-cap": r.token_cap, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
             "ckpt-layers": r.ckpt_layers, "hardware": r.hardware, "loss": args.loss, "lr": args.lr,
             "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp, "pp": args.pp,
             "lr-scheduler": args.lr_scheduler, "warmup-steps": args.warmup_steps, "warmup-ratio": args.warmup_ratio,
