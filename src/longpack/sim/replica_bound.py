@@ -1,36 +1,17 @@
 """A per-replica relaxation of the step bound, for steps with few replicas (SciPy's HiGHS, ``scipy.optimize.milp``).
 
-The aggregate terms of sim/bounds.py add every replica's work into one sum, so they let a sample that runs
-whole on one rank hide under any replica's K/V exchange, and a replica's sharded work spread over the others.
-With few replicas (a wide CP group: 2 replicas of 128 ranks) that is far from any plan: the replica that shards
-the longest sample has little room left, and a replica whose rank holds a long own sample holds few shares. This
-module keeps the replicas apart.
+sim/bounds.py's aggregate terms add all replicas' work into one sum; with few, wide replicas that is far from any
+plan. This program keeps replicas apart: the ``INTEGRAL`` samples of longest one-rank time are placed whole
+(sharded on a replica, or on one of its ranks: binaries), the rest is a fluid bucketed by length, and each replica
+g obeys Eq. 2 summed over its micro-batches, ``T >= D_g + C_g + h`` and ``T >= D_g + Λ_g + h`` (shares, exchange,
+own work; each a lower bound from :func:`bounds.sample_forms`); minimise T. For plans of time <= t the exchange's
+chord slope at t is one more line, and bisection finds where R(t) crosses t. HiGHS's dual bound is used, so a
+search stopped at ``NODES`` still gives a valid value. Why it is a bound: docs/COST_MODEL.md, "Lower bound and
+efficiency" (R).
 
-Program, for one CP degree d and r replicas (every quantity a lower bound from :func:`bounds.sample_forms`):
-
-* the ``INTEGRAL`` samples of longest one-rank time are placed whole: binaries ``a[i,g]`` (sharded on replica g)
-  and ``o[i,g]`` (on one rank of g), one of them 1; the others are a fluid, bucketed by length, whose tokens
-  split freely between own and sharded on each replica, each token charged its bucket's least seconds per token;
-* per replica g: shares ``D_g = Σ a·shard``; exchange ``C_g >= exchange_i·a[i,g]`` (a micro-batch holding i
-  exchanges at least that much) and ``C_g >= α·z_g + β·(sharded tokens of g)`` for every minorant line (α, β)
-  of the exchange (z_g: g shards a placed sample); own work ``Λ_g >= local_i·o[i,g]`` (the rank holding i) and
-  ``Λ_g >= Σ own / d`` (the mean rank);
-* Eq. 2 summed over g's micro-batches: ``T >= D_g + C_g + h`` and ``T >= D_g + Λ_g + h``; minimise T.
-
-Why it is a bound: any plan gives a point of the program. A sample runs all sharded or all on one rank of one
-replica (Plan.validate); a replica takes Σ_m max(C_m, Λ_m) + D_m + h >= max(Σ C_m, Σ Λ_m) + Σ D_m + h, and the
-forms are the least each sample can cost (see bounds.py). C_g stands for Σ_m C_m + (m − 1)·h, which a chain's
-exchange term (its extra micro-batches' h included) also bounds. Replicas are alike, so the k-th placed sample
-may be held to replicas 0..k (any plan relabelled by first use). HiGHS's dual bound is used, so a search it stops
-early (``NODES``, deterministic) still gives a valid, if weaker, value.
-
-The exchange per token is steeper for the micro-batches a plan of time t can hold (bound_parts.chord_slope): with
-that slope as one more line the program gives R(t), valid only for plans of time <= t, so the optimum is at
-least min(t, R(t)); a few bisection probes find the t where they cross, as in bounds.exchange_bound.
-
-Cost: one program per probe, (2r + 1)·``INTEGRAL`` rows and 2r·``INTEGRAL`` binaries, under a node limit; run
-only for 2..``REPLICA_LIMIT`` replicas and one pipeline stage. tests/test_bounds.py checks it against random
-valid plans and the MILP optimum.
+Cost: one program per probe, (2r + 1)·``INTEGRAL`` rows and 2r·``INTEGRAL`` binaries under a node limit; run only
+for 2..``REPLICA_LIMIT`` replicas and one pipeline stage. tests/test_bounds.py checks it against random valid
+plans and the MILP optimum.
 """
 
 from __future__ import annotations

@@ -1,37 +1,17 @@
 """Unified scheduler: one cost-driven search over how a global batch runs, instead of one paper's fixed recipe.
 
-Per global batch:
-
-1. **Knobs** (planners/unified/knobs.py): every candidate setting of CP degree, micro-batch budget, chain form and
-   sharding threshold, each one paper's lever made a choice.
-2. **One greedy placement** per candidate (place.py, tail.py): chains, then sharded samples, then whole samples to
-   replicas and ranks by cost-model seconds, packed into micro-batches (layout.py) whose times are Eq. 2's closed
-   form, the simulator's own terms. A candidate placing exactly as an earlier one is skipped, and so is a degree
-   whose bound (layout.Rates.bound) the best layout so far already reaches.
-3. **Local search** (moves.py, one pipeline stage): the two best layouts of the best degree (and its best of
-   another sharding) and the best of the next two are balanced by moving whole micro-batches between replicas;
-   the fastest is searched further, in rounds of repacking samples within a replica and trading samples between
-   replicas, within ``--opt budget`` priced layouts.
-4. **Beside chains** (planners/beside.py): micro-batches emptied into the room beside chains' last pieces (and
-   recomputed chunks where that is faster), which never slows a replica of one stage; with pipeline stages kept
-   where the simulator says the step is faster.
-5. **Groups of several sizes** (planners/groups.py, ``mixed_groups``): a step that shards a sample laid out again
-   on CP groups of several sizes, kept where it is at least 3% faster.
+Per global batch: every candidate of CP degree, micro-batch budget, chain form and sharding threshold
+(knobs.py) is placed greedily by cost-model seconds (place.py, tail.py) into micro-batches priced by Eq. 2's
+closed form (layout.py); the best layouts are balanced and searched locally (moves.py); micro-batches are emptied
+beside chains (planners/beside.py); a sharding step may be laid out on CP groups of several sizes
+(planners/groups.py). The phases, options and why the result is never slower than plain cost-balanced packing:
+docs/PLANNERS.md, "Unified".
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
-micro-batch counts, determinism (ties by position). The candidate (d = cp, K = 1, α = ∞), plain cost-balanced
-packing with memory-forced sharding, is scored unless a layout already beats its degree's bound, and every later
-phase only keeps what the simulator's terms say is no slower, so the result is never slower than that plan when
-it fits memory.
-
-Cost: C candidates × O(n log n + n · replicas) placement and O(n · m) packing, C ≤ |degrees| · 2 · |splits| · 5;
-the local search prices at most ``budget`` layouts (default ``BUDGET`` per sample of the batch), O(d) each.
-Figures per batch and per epoch are in docs/BENCHMARKS.md ("Planning cost").
-
-Options: ``degrees``, ``splits``, ``alphas`` (the knobs' values), ``widen`` (1: CP groups wider than ``--cp``),
-``shard_chains`` (0: chains only at CP degree 1, what ``longpack train`` sets), ``budget`` (layouts the local
-search may price; 0 turns it and the beside-chains phase off; ``refine=0`` is the same), ``trades`` (most trades
-between replicas per replica and round; 0: none), ``mixed_groups`` (0: one degree a step).
+micro-batch counts, determinism (ties by position). Cost: C candidates × O(n log n + n · replicas), C ≤ |degrees|
+· 2 · |splits| · 5, plus at most ``budget`` priced layouts in the local search (docs/BENCHMARKS.md, "Planning
+cost"). Options: ``degrees``, ``splits``, ``alphas``, ``widen``, ``shard_chains``, ``budget``, ``trades``,
+``mixed_groups``.
 """
 
 from __future__ import annotations
