@@ -3,11 +3,10 @@ planner thread stays a bounded number of steps ahead; a step that fails is raise
 without planning ahead runs the same steps."""
 
 import json
-import subprocess
-import sys
 import time
 
 import numpy as np
+import pool  # tests/pool.py: warm worker processes
 import pytest
 
 from longpack import jobs
@@ -95,9 +94,8 @@ def test_a_streamed_step_is_validated_as_it_is_planned():
 
 
 def _train(*extra):
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--workload", "tiny-longtail", "--planner",
-                           "unified", "--steps", "4", "--json", "--dtype", "float64", *extra],
-                          capture_output=True, text=True, timeout=300)
+    proc = pool.cli(["train", "--workload", "tiny-longtail", "--planner", "unified", "--steps", "4", "--json",
+                     "--dtype", "float64", *extra])
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     return [x for x in lines if "step" in x], next(x["summary"] for x in lines if "summary" in x)

@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import SPEC, make_model, plain_logits  # noqa: E402
 
 from longpack.plan import MicroBatch, Piece, Plan, Replica, Step  # noqa: E402
@@ -165,12 +166,9 @@ def test_varlen_bottom_right_sequences_match_masked_reference():
 def _train_two_steps(*flags: str) -> None:
     """`longpack train` on the tiny long-tail workload, 2 processes, 2 steps: it runs and logs a positive loss."""
     import json
-    import subprocess
-    import sys
 
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--workload", "tiny-longtail", *flags,
-                           "--nproc", "2", "--steps", "2", "--global-batch", "24", "--json"], capture_output=True,
-                          text=True, timeout=300)
+    proc = pool.cli(["train", "--workload", "tiny-longtail", *flags, "--nproc", "2", "--steps", "2",
+                     "--global-batch", "24", "--json"])
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
     assert len(steps) == 2 and all(s["loss"] > 0 for s in steps)
@@ -187,7 +185,7 @@ def test_chunk_parity_dp2_chunkflow(tmp_path):
     from longpack.runtime.dist import free_port
 
     out = str(tmp_path / "grads.pt")
-    torch.multiprocessing.spawn(parity_worker, args=(2, free_port(), out, "chunkflow", "token_mean",
+    pool.spawn(parity_worker, args=(2, free_port(), out, "chunkflow", "token_mean",
                                                      {"chunk_size": 32, "k": 1}), nprocs=2)
     got = torch.load(out, weights_only=False)
     ref_loss, ref = reference_grads("token_mean")

@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import cp_worker, reference_grads  # noqa: E402
 
 from longpack.runtime.context_parallel import zigzag_blocks  # noqa: E402
@@ -15,7 +16,7 @@ RTOL = 1e-6  # float64: only the order of additions differs
 
 def _run(tmp_path, world, planner, cp, cap, options=None, overlap=True):
     out = str(tmp_path / f"{planner}_{world}_{cp}.pt")
-    torch.multiprocessing.spawn(cp_worker, args=(world, free_port(), out, planner, cp, cap, options or {}, overlap),
+    pool.spawn(cp_worker, args=(world, free_port(), out, planner, cp, cap, options or {}, overlap),
                                 nprocs=world)
     return torch.load(out, weights_only=False)
 
@@ -81,7 +82,7 @@ def test_context_parallel_parity_adaptive_cp_hbp(tmp_path):
     from longpack.plan import Plan
 
     out = str(tmp_path / "adaptive.pt")
-    torch.multiprocessing.spawn(adaptive_worker, args=(4, free_port(), out, "16:1:0,48:2:0,96:4:0"), nprocs=4)
+    pool.spawn(adaptive_worker, args=(4, free_port(), out, "16:1:0,48:2:0,96:4:0"), nprocs=4)
     got = torch.load(out, weights_only=False)
     plan = Plan.from_json(got["plan"])
     assert {s.cp for s in plan.steps} == {1, 2, 4}
@@ -97,20 +98,17 @@ def test_context_parallel_parity_mixed_groups_1_2_1(tmp_path):
     from dist_workers import mixed_worker
 
     out = str(tmp_path / "mixed.pt")
-    torch.multiprocessing.spawn(mixed_worker, args=(4, free_port(), out), nprocs=4)
+    pool.spawn(mixed_worker, args=(4, free_port(), out), nprocs=4)
     _assert_parity(torch.load(out, weights_only=False))
 
 
 def test_train_cli_skrull_cp2_and_hbp_mixed_cp():
     import json
-    import subprocess
-    import sys
 
     for extra in (["--planner", "skrull", "--cp", "2", "--token-cap", "2048"],
                   ["--planner", "hbp", "--opt", "groups=512:1:0,4096:2:0", "--opt", "curriculum=0"]):
-        proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--workload", "tiny-longtail",
-                               "--nproc", "2", "--steps", "2", "--global-batch", "48", "--samples", "200", "--json",
-                               *extra], capture_output=True, text=True, timeout=300)
+        proc = pool.cli(["train", "--workload", "tiny-longtail", "--nproc", "2", "--steps", "2", "--global-batch",
+                         "48", "--samples", "200", "--json", *extra])
         assert proc.returncode == 0, proc.stderr
         steps = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
         assert steps and all(s["loss"] > 0 for s in steps)

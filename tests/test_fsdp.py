@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import fsdp_worker, step_reference  # noqa: E402
 
 from longpack.plan import Plan  # noqa: E402
@@ -26,7 +27,7 @@ CASES = {
 def test_fsdp_parity(tmp_path, case):
     planner, cp, cap, options, ckpt = CASES[case]
     out = str(tmp_path / f"{case}.pt")
-    torch.multiprocessing.spawn(fsdp_worker, args=(2, free_port(), out, planner, cp, cap, options, ckpt), nprocs=2)
+    pool.spawn(fsdp_worker, args=(2, free_port(), out, planner, cp, cap, options, ckpt), nprocs=2)
     got = torch.load(out, weights_only=False)
     # the path under test really ran: sharded pieces, chunks of a chain, checkpointed layers
     assert {"context_parallel": got["sharded"], "chunk": got["chunks"], "ckpt": got["ckpt"]}.get(case, 1) > 0

@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import pipeline_worker, step_reference  # noqa: E402
 
 from longpack.plan import Plan  # noqa: E402
@@ -17,7 +18,7 @@ RTOL = 1e-6  # float64: only the order of additions differs
 def _run(tmp_path, pp, cp=1, k=1, chunk=32, layers=4):
     out = str(tmp_path / "out.pt")
     world = pp * cp
-    torch.multiprocessing.spawn(pipeline_worker, args=(world, free_port(), out, pp, cp, k, chunk, layers),
+    pool.spawn(pipeline_worker, args=(world, free_port(), out, pp, cp, k, chunk, layers),
                                 nprocs=world)
     got = torch.load(out, weights_only=False)
     ref = step_reference(Plan.from_json(got["plan"]), 0, layers=layers)
@@ -47,8 +48,11 @@ def _train(*flags: str, expect: int = 0):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--json", *flags], capture_output=True,
-                          text=True, timeout=400)
+    if expect == 0:
+        proc = pool.cli(["train", "--json", *flags], timeout=400)
+    else:  # the launcher's own check, before it spawns anything
+        proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--json", *flags], capture_output=True,
+                              text=True, timeout=400)
     assert proc.returncode == expect, proc.stderr
     return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')], proc.stderr
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import pool  # tests/pool.py: warm worker processes
 import pytest
 from faults import faulty_env  # tests/faults.py
 
@@ -18,8 +19,7 @@ COMMON = ["--workload", "tiny-longtail", "--planner", "isf", "--global-batch", "
 
 
 def _train(*args):
-    return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *args], capture_output=True,
-                          text=True, timeout=300)
+    return pool.cli(["train", *COMMON, *args])
 
 
 def _steps(proc):

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import make_plan, packed_grads, parity_worker, reference_grads  # noqa: E402
 
 from longpack.runtime.dist import free_port  # noqa: E402
@@ -35,7 +36,7 @@ def test_parity_packed_single_process(planner):
 
 def _spawn_dp2(tmp_path, planner, mode, options=None):
     out = str(tmp_path / "grads.pt")
-    torch.multiprocessing.spawn(parity_worker, args=(2, free_port(), out, planner, mode, options or {}), nprocs=2)
+    pool.spawn(parity_worker, args=(2, free_port(), out, planner, mode, options or {}), nprocs=2)
     return torch.load(out, weights_only=False)
 
 
@@ -58,8 +59,7 @@ def test_parity_dp2_padded_batches(tmp_path):
 
 
 def _train_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return pool.cli(["train", *args], timeout=timeout)
 
 
 def test_train_cli_two_processes_json():

@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import sharded_chain_plan, sharded_chain_worker, step_reference  # noqa: E402
 
 from longpack.plan import Plan  # noqa: E402
@@ -16,7 +17,7 @@ RTOL = 1e-6  # float64: only the order of additions differs
 
 def _run(tmp_path, world, k, chunk=32, cp=2, ckpt=0, fsdp=False):
     out = str(tmp_path / "out.pt")
-    torch.multiprocessing.spawn(sharded_chain_worker, args=(world, free_port(), out, k, chunk, cp, ckpt, fsdp),
+    pool.spawn(sharded_chain_worker, args=(world, free_port(), out, k, chunk, cp, ckpt, fsdp),
                                 nprocs=world)
     got = torch.load(out, weights_only=False)
     plan = Plan.from_json(got["plan"])
@@ -74,11 +75,8 @@ def test_check_runnable_refuses_local_chunk_in_cp_group():
 
 def _train(*flags: str) -> list[dict]:
     import json
-    import subprocess
-    import sys
 
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--nproc", "2", "--steps", "3", "--json",
-                           *flags], capture_output=True, text=True, timeout=400)
+    proc = pool.cli(["train", "--nproc", "2", "--steps", "3", "--json", *flags], timeout=400)
     assert proc.returncode == 0, proc.stderr
     return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pool  # tests/pool.py: warm worker processes
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -40,7 +41,10 @@ def _rows(path, n=24, all_masked=False, seed=3):
     return path
 
 
-def _train(*args):
+def _train(*args, pooled=True):
+    """``longpack train ARGS`` on the warm pool, or (``pooled=False``) as its own command with its launcher."""
+    if pooled:
+        return pool.cli(["train", *args], timeout=600)
     return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *args], capture_output=True, text=True,
                           timeout=600)
 
@@ -140,7 +144,8 @@ def test_hf_parity_fsdp_chunk_train_rows_and_checkpoint(tmp_path):
 def test_all_labels_masked_is_refused_in_one_line_before_training(tmp_path):
     _checkpoint(tmp_path / "tiny")
     rows = _rows(tmp_path / "rows.jsonl", all_masked=True)
-    proc = _train("--data", str(rows), "--model-path", str(tmp_path / "tiny"), "--nproc", "2", "--steps", "1")
+    proc = _train("--data", str(rows), "--model-path", str(tmp_path / "tiny"), "--nproc", "2", "--steps", "1",
+                  pooled=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [x for x in proc.stderr.splitlines() if x.startswith("longpack: error:")]
     assert len(lines) == 1 and "no row has a target" in lines[0] and "Traceback" not in proc.stderr

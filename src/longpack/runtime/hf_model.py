@@ -22,7 +22,7 @@ import torch
 from ..model import ModelSpec
 from .engine import ATTN, decoder_layers, register
 
-__all__ = ["load", "build", "spec_of", "save", "check_supported", "TOKENIZER_FILES"]
+__all__ = ["load", "build", "preload", "spec_of", "save", "check_supported", "TOKENIZER_FILES"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
@@ -53,6 +53,19 @@ def _config(spec: ModelSpec) -> Any:
                num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
                head_dim=spec.head_dim, tie_word_embeddings=spec.tied_embeddings, max_position_embeddings=1 << 20,
                use_cache=False)
+
+
+def preload(spec: ModelSpec, path: str | Path | None) -> None:
+    """Import the transformers class a run will build (seconds: the slow part of building a model), so processes
+    forked afterwards start with it. A config that cannot be read is left for :func:`load` to report."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True) if path else _config(spec)
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the lazy mapping imports the class's module
+    except (OSError, ValueError, KeyError):
+        pass
 
 
 def build(spec: ModelSpec, seed: int, dtype: torch.dtype) -> torch.nn.Module:

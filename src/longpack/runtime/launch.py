@@ -70,9 +70,16 @@ def launch(args: TrainArgs, nproc: int) -> None:
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
+    # On the host the ranks are forked from this process, which has imported torch and the model's class already
+    # (seconds each rank would spend again); CUDA cannot be used in a forked child, so GPU ranks are spawned.
+    method = "fork" if device.type == "cpu" else "spawn"
+    if method == "fork":
+        from .hf_model import preload
+
+        preload(spec, args.model_path)
     with tempfile.TemporaryDirectory(prefix="longpack-errors-") as errors:
         ctx = mp.start_processes(_worker, args=(nproc, free_port(), asdict(args), errors), nprocs=nproc, join=False,
-                                 start_method="spawn")
+                                 start_method=method)
         try:
             while not ctx.join(grace_period=5):  # a failed rank's peers get 5 s to stop, then SIGKILL
                 pass

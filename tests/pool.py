@@ -1,0 +1,182 @@
+"""A pool of warm worker processes for the multi-process tests, started once per test session.
+
+``spawn(fn, args, nprocs)`` runs ``fn(rank, *args)`` on ``nprocs`` workers at once, as
+``torch.multiprocessing.spawn`` does, but in processes that have already imported torch, transformers and the
+test helpers: a test pays its ranks' work, not their interpreter start-up. Each job initialises its own process
+group (a fresh port, as before) and leaves it in ``dist_workers._close``, which in a pooled worker destroys the
+group and returns instead of exiting. After every job a worker restores its environment variables, torch's
+thread count and default dtype, so jobs cannot see each other.
+
+``cli(argv)`` runs a ``longpack`` command line on the pool as torchrun would (``--nproc N``: N workers, each one
+rank with RANK/WORLD_SIZE set) and returns it as ``subprocess.run`` does: rank 0's stdout, every rank's stderr,
+the exit code. The launcher's own behaviour (its checks before spawning, its one line for a failed rank) needs
+real processes and is tested with them.
+
+A job that raises is re-raised here with the rank's traceback; a job that does not finish within ``timeout``
+seconds, or a worker that dies, ends the pool (the next call starts a new one) and fails the test.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+SIZE = 4  # the most ranks a test spawns
+_POOL: Pool | None = None
+
+
+def _serve(conn: Any, tests_dir: str) -> None:
+    sys.path.insert(0, tests_dir)
+    os.environ["LONGPACK_TEST_POOL"] = "1"
+    import importlib
+
+    import dist_workers  # noqa: F401  (imports transformers and longpack's runtime once)
+    import torch
+    import torch.distributed as dist
+
+    env, threads, dtype = dict(os.environ), torch.get_num_threads(), torch.get_default_dtype()
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        module, name, rank, args = job
+        try:
+            getattr(importlib.import_module(module), name)(rank, *args)
+            reply = ("ok", "")
+        except BaseException:  # noqa: BLE001  (every failure goes back to the test, with its traceback)
+            reply = ("error", traceback.format_exc())
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            os.environ.clear()
+            os.environ.update(env)
+            torch.set_num_threads(threads)
+            torch.set_default_dtype(dtype)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send(reply)
+
+
+class Pool:
+    def __init__(self, size: int) -> None:
+        ctx = mp.get_context("spawn")
+        tests_dir = os.path.dirname(os.path.abspath(__file__))
+        self.conns, self.procs = [], []
+        for _ in range(size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child, tests_dir), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        for conn in self.conns:
+            if conn.recv() != "ready":
+                raise RuntimeError("a pool worker did not start")
+
+    def run(self, fn: Any, args: tuple, nprocs: int, timeout: float) -> None:
+        if nprocs > len(self.conns):
+            raise ValueError(f"{nprocs} ranks: the pool has {len(self.conns)} workers")
+        for rank in range(nprocs):
+            self.conns[rank].send((fn.__module__, fn.__name__, rank, args))
+        deadline = time.monotonic() + timeout
+        replies: dict[int, tuple[str, str]] = {}
+        while len(replies) < nprocs:
+            for rank in range(nprocs):
+                if rank not in replies and self.conns[rank].poll(0.05):
+                    replies[rank] = self.conns[rank].recv()
+            failed = any(status != "ok" for status, _ in replies.values())
+            if failed and len(replies) < nprocs:  # the peers of a failed rank may wait in a collective: 5 s
+                deadline = min(deadline, time.monotonic() + 5.0)
+            dead = [r for r in range(nprocs) if r not in replies and not self.procs[r].is_alive()]
+            if len(replies) < nprocs and (dead or time.monotonic() > deadline):
+                self.close()
+                errors = [f"rank {r}:\n{text}" for r, (status, text) in sorted(replies.items()) if status != "ok"]
+                what = (f"ranks {dead} died" if dead else "the other ranks did not finish" if failed
+                        else f"did not finish within {timeout:g} s")
+                raise RuntimeError(f"{fn.__name__}: {what}\n" + "\n".join(errors))
+        errors = [f"rank {r}:\n{text}" for r, (status, text) in sorted(replies.items()) if status != "ok"]
+        if errors:
+            raise RuntimeError(f"{fn.__name__} failed\n" + "\n".join(errors))
+
+    def close(self) -> None:
+        global _POOL
+        for conn, proc in zip(self.conns, self.procs, strict=True):
+            try:
+                conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            proc.join(timeout=2)
+            if proc.is_alive():
+                proc.kill()
+        self.conns, self.procs = [], []
+        if _POOL is self:
+            _POOL = None
+
+
+def spawn(fn: Any, args: tuple = (), nprocs: int = 2, timeout: float = 600.0) -> None:
+    """``fn(rank, *args)`` on ranks 0..nprocs-1 of the warm pool (see the module docstring)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = Pool(SIZE)
+        atexit.register(lambda: _POOL.close() if _POOL is not None else None)
+    _POOL.run(fn, args, nprocs, timeout)
+
+
+def _cli_rank(rank: int, world: int, port: int, argv: list[str], out: str, env: dict[str, str]) -> None:
+    """One rank of a command line: its stdout and stderr to ``out/rank.*``, its exit code to ``out/rank.code``."""
+    import longpack.cli
+
+    if world > 1:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(env)
+    saved, sys.argv = sys.argv, ["longpack", *argv]
+    code: Any = 0
+    with open(os.path.join(out, f"{rank}.out"), "w") as o, open(os.path.join(out, f"{rank}.err"), "w") as e, \
+            contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        try:
+            longpack.cli.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            sys.argv = saved
+    with open(os.path.join(out, f"{rank}.code"), "w") as f:
+        f.write(str(code))
+
+
+def cli(argv: list[str], env: dict[str, str] | None = None, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    """``longpack ARGV`` on the warm pool, as torchrun would run it (see the module docstring)."""
+    from longpack.runtime.dist import free_port
+
+    argv = [str(a) for a in argv]
+    nproc = 1
+    for i, a in enumerate(argv):
+        if a == "--nproc":
+            nproc = int(argv[i + 1])
+            argv = argv[:i] + argv[i + 2:]
+            break
+        if a.startswith("--nproc="):
+            nproc = int(a.split("=", 1)[1])
+            argv = argv[:i] + argv[i + 1:]
+            break
+    with tempfile.TemporaryDirectory(prefix="longpack-pool-") as out:
+        spawn(_cli_rank, (nproc, free_port(), argv, out, dict(env or {})), nprocs=nproc, timeout=timeout)
+
+        def read(name: str) -> str:
+            with open(os.path.join(out, name)) as f:
+                return f.read()
+
+        codes = [int(read(f"{r}.code")) for r in range(nproc)]
+        return subprocess.CompletedProcess(["longpack", *argv], next((c for c in codes if c), 0), read("0.out"),
+                                           "".join(read(f"{r}.err") for r in range(nproc)))
