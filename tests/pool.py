@@ -141,6 +141,9 @@ def _cli_rank(rank: int, world: int, port: int, argv: list[str], out: str, env: 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # as `--nproc` sets its ranks' (same float sums)
     saved, sys.argv = sys.argv, ["longpack", *argv]
     code: Any = 0
     with open(os.path.join(out, f"{rank}.out"), "w") as o, open(os.path.join(out, f"{rank}.err"), "w") as e, \

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pool  # tests/pool.py: warm worker processes
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,6 +18,9 @@ COMMON = ["--workload", "tiny-longtail", "--planner", "isf", "--global-batch", "
 
 
 def _train(*args, timeout=300):
+    """One process on the warm pool (tests/pool.py); with --nproc, the launcher and its ranks as real processes."""
+    if "--nproc" not in args:
+        return pool.cli(["train", *COMMON, *args], timeout=timeout)
     return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *args], capture_output=True,
                           text=True, timeout=timeout)
 
@@ -96,7 +100,8 @@ def test_damaged_latest_checkpoint_is_named_and_skipped(tmp_path, how):
 
 def _children(pid):
     out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
+    # the ranks: forked from the launcher on the host (its own command line), spawned elsewhere
+    return [int(line.split()[0]) for line in out.splitlines() if "longpack.cli" in line or "spawn_main" in line]
 
 
 def _start(*args):
@@ -112,7 +117,7 @@ def _wait_for_step(proc, step):
 
 
 def test_a_frozen_rank_ends_the_run_within_the_timeout(tmp_path):
-    proc = _start("--steps", "40", "--global-batch", "2", "--timeout", "20")  # 40 steps of the 96 samples
+    proc = _start("--steps", "40", "--global-batch", "2", "--timeout", "10")  # 40 steps of the 96 samples
     _wait_for_step(proc, 1)
     frozen = _children(proc.pid)[-1]
     os.kill(frozen, signal.SIGSTOP)
@@ -126,21 +131,21 @@ def test_a_frozen_rank_ends_the_run_within_the_timeout(tmp_path):
             pass
     assert proc.returncode == 2 and time.monotonic() - t0 < 90, err[-2000:]
     lines = [x for x in err.splitlines() if x.startswith("longpack: error:")]
-    assert len(lines) == 1 and "did not answer within --timeout 20 s" in lines[0] and "step" in lines[0], err
+    assert len(lines) == 1 and "did not answer within --timeout 10 s" in lines[0] and "step" in lines[0], err
 
 
 def test_kill_one_of_two_ranks_after_a_checkpoint_then_resume_bit_identical(tmp_path):
     args = ["--steps", "4", "--checkpoint-every", "1"]
-    full = _train(*args, "--nproc", "2", "--checkpoint-dir", str(tmp_path / "full"), "--output-dir",
-                  str(tmp_path / "a"))
+    full = pool.cli(["train", *COMMON, *args, "--nproc", "2", "--checkpoint-dir", str(tmp_path / "full"),
+                     "--output-dir", str(tmp_path / "a")])  # the runs not killed: on the warm pool
     assert full.returncode == 0, full.stderr[-2000:]
     proc = _start(*args, "--checkpoint-dir", str(tmp_path / "cut"))
     _wait_for_step(proc, 1)
     os.kill(_children(proc.pid)[-1], signal.SIGKILL)
     proc.communicate(timeout=120)
     assert proc.returncode != 0
-    res = _train(*args, "--nproc", "2", "--checkpoint-dir", str(tmp_path / "cut"), "--resume", "--output-dir",
-                 str(tmp_path / "b"))
+    res = pool.cli(["train", *COMMON, *args, "--nproc", "2", "--checkpoint-dir", str(tmp_path / "cut"), "--resume",
+                    "--output-dir", str(tmp_path / "b")])
     assert res.returncode == 0, res.stderr[-2000:]
     assert _steps(res) and _steps(res)[-1]["step"] == 3
     a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
