@@ -98,7 +98,7 @@ def test_mixed_bound_holds_for_random_layouts_on_groups_of_several_sizes(model, 
     cost = make_cost(model, "h100", dp=dp, cp=cp, token_cap=8000)
     rng = np.random.default_rng(dp * 10 + cp)
     checked = closest = 0.0
-    for _ in range(600):
+    for _ in range(250):
         plan = _random_mixed_plan(rng, dp * cp, 8000)
         try:
             plan.validate()
@@ -108,7 +108,7 @@ def test_mixed_bound_holds_for_random_layouts_on_groups_of_several_sizes(model, 
         assert rep.lower_bound_s <= rep.time_s * (1 + 1e-12), plan.to_json()
         checked += 1
         closest = max(closest, rep.lower_bound_s / rep.time_s)
-    assert checked >= 60 and closest > 0.5  # held, and not by being far below every layout
+    assert checked >= 25 and closest > 0.5  # held, and not by being far below every layout
 
 
 def test_mixed_bound_is_no_higher_than_a_uniform_plans_time():

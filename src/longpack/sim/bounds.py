@@ -10,8 +10,8 @@ P, G: two (:func:`pair_bound`) and m (:func:`group_bound`) samples forced onto o
 exchange a sharded sample cannot hide (:func:`exchange_bound`). R: the per-replica program (sim/replica_bound.py).
 The bound is the least over the CP degrees the caller allows. Derivation and why each term is valid:
 docs/COST_MODEL.md, "Lower bound and efficiency". Cost: O(samples log samples + layers + r²) per degree, plus R's
-node-limited MILPs (0.1–1 s on DP32·CP8 steps). tests/test_bounds.py checks it against thousands of random valid
-plans and the MILP optimum (sim/exact.py).
+node-limited MILPs (0.1–1 s on DP32·CP8 steps). tests/test_bounds.py checks it against about 450 random valid
+plans a run and the MILP optimum (sim/exact.py); docs/COST_MODEL.md reports wider sweeps.
 """
 
 from __future__ import annotations
