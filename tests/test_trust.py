@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pool  # tests/pool.py: warm worker processes
 import pytest
 from faults import faulty_env  # noqa: E402  (tests/faults.py)
 
@@ -17,7 +18,10 @@ COMMON = ["--workload", "tiny-longtail", "--planner", "isf", "--global-batch", "
 
 
 def _train(*args, timeout=300):
+    """One process on the warm pool (tests/pool.py); with --nproc, the launcher and its ranks as real processes."""
     t0 = time.perf_counter()
+    if "--nproc" not in args:
+        return pool.cli(["train", *COMMON, *args], timeout=timeout), time.perf_counter() - t0
     proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *args], capture_output=True,
                           text=True, timeout=timeout)
     return proc, time.perf_counter() - t0
