@@ -22,6 +22,9 @@ demo: $(STAMP)
 	  --planners unified,skrull,chunkflow,hbp,fixed_cp,sorted,isf,random_padded,one_seq --baseline fixed_cp
 	@echo "--- a short real training run: tiny Llama, 2 CPU processes (gloo), unified plan ---"
 	$(BIN)/longpack train --workload tiny-longtail --planner unified --nproc 2 --steps 5
+	@echo "--- next: your own rows and checkpoint (README, 'Train for real') ---"
+	@echo "  source .venv/bin/activate"
+	@echo "  longpack train --data rows.jsonl --model-path ./my-model --output-dir ./my-model-sft --nproc 2 --steps 4"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -178,3 +178,20 @@ def test_compare_job_plans_the_steps_it_says():
     spec = jobs.RunSpec(workload="tiny-longtail", model="tiny", hardware="cpu", global_batch=8, steps=3)
     result = jobs.compare(spec, ["isf"], "isf", note=None)
     assert result["setup"]["steps"] == 3 and result["planners"]["isf"]["steps"] == 3
+
+
+def test_the_readme_set_up_puts_longpack_on_the_path():
+    """After the README's set-up, its `source .venv/bin/activate` line makes `longpack` a command in a fresh shell
+    (a shell that knows nothing of this test's interpreter); the demo's last lines say the next two commands."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isfile(os.path.join(root, ".venv", "bin", "activate")):
+        pytest.skip("no .venv here: `make test` creates it (this run uses another interpreter)")
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    assert "source .venv/bin/activate" in readme
+    shell = subprocess.run(["env", "-i", f"HOME={os.environ.get('HOME', '/tmp')}", "PATH=/usr/bin:/bin", "bash",
+                            "-c", "source .venv/bin/activate && longpack --help"], cwd=root, capture_output=True,
+                           text=True, timeout=60)
+    assert shell.returncode == 0 and "train" in shell.stdout, shell.stderr[-2000:]
+    makefile = open(os.path.join(root, "Makefile"), encoding="utf-8").read()
+    demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "source .venv/bin/activate" in demo and "longpack train --data" in demo

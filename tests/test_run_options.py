@@ -37,7 +37,9 @@ def test_a_resumed_run_continues_the_same_lr_curve_bit_identical(tmp_path):
     assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(1e-4)
     assert all(s["grad_norm"] > 0 for s in whole)
     shutil.rmtree(ck / "step_00000004")  # as if the run had stopped after its checkpoint of step 2
-    rest = _steps(_train("--steps", "4", "--checkpoint-dir", str(ck), "--resume", "--output-dir", str(tmp_path / "b")))
+    resumed = _train("--steps", "4", "--checkpoint-dir", str(ck), "--resume", "--output-dir", str(tmp_path / "b"))
+    rest = _steps(resumed)
+    assert f"resuming from {ck / 'step_00000002'}: 2 steps trained" in resumed.stderr, resumed.stderr[-2000:]
     assert [s["step"] for s in rest] == [2, 3] and [s["lr"] for s in rest] == lrs[2:]
     a, b = load_file(os.path.join(tmp_path / "a", "model.safetensors")), load_file(
         os.path.join(tmp_path / "b", "model.safetensors"))

@@ -412,7 +412,7 @@ def train(planner: PlannerName = "unified",
           "tiny-llama", hardware: Hardware = "cpu",
           cp: Annotated[int, typer.Option(min=1, help="Context-parallel degree (dp = processes / (cp x pp)).")] = 1,
           pp: Annotated[int, typer.Option(min=1, help="Pipeline stages: the decoder split over pp processes per "
-                                          "plan rank, state-aware 1F1B (with --no-fsdp).")] = 1,
+                                          "plan rank, state-aware 1F1B; FSDP2 shards within each stage.")] = 1,
           global_batch: GlobalBatch = 32, steps: Steps = None, seed: Seed = 0,
           epochs: Annotated[int, typer.Option(min=1, help="Passes over the rows, each a new permutation (seeded "
                                               "by --seed and the epoch) planned as global batches of its own; "

@@ -69,4 +69,7 @@ def resume(args: TrainArgs, model: torch.nn.Module, opt: torch.optim.Optimizer, 
     sampler.load_state_dict(meta["sampler"])
     if sched is not None and "scheduler" in meta:
         sched.load_state_dict(meta["scheduler"])
+    if ctx.rank == 0:
+        print(f"longpack: resuming from {meta['path']}: {meta['step']} steps trained, the next is step "
+              f"{meta['step']}", file=sys.stderr, flush=True)
     return waited
