@@ -183,6 +183,13 @@ def test_hf_errors_name_the_config_fields_of_this_path(tmp_path):
         LongpackConfig(cp=0)
     assert config_message("use --max-len or --token-cap") == \
         "use LongpackConfig.max_len or LongpackConfig.token_cap"
+    # planner, hardware and options are checked when the config is made, not inside the Trainer
+    with pytest.raises(ValueError, match=r"LongpackConfig\(planner='nosuch'\): unknown planner 'nosuch'; choose"):
+        LongpackConfig(planner="nosuch")
+    with pytest.raises(ValueError, match=r"LongpackConfig\(hardware='tpu'\): unknown hardware 'tpu'"):
+        LongpackConfig(hardware="tpu")
+    with pytest.raises(ValueError, match=r"LongpackConfig\(options=\{'nosuch': 1\}\): LongpackConfig.options"):
+        LongpackConfig(options={"nosuch": 1})
 
 
 def _example(out_dir, *launcher):

@@ -99,6 +99,17 @@ class LongpackConfig:
         if not isinstance(self.plan_ahead, int) or self.plan_ahead < 0:
             raise ValueError(f"LongpackConfig(plan_ahead={self.plan_ahead!r}): must be an integer >= 0 (0: plan "
                              "the whole run before the first step)")
+        from ..hardware import load_hardware
+        from ..planners import check_options, get_planner
+
+        for name, check in (("planner", lambda: get_planner(self.planner)),
+                            ("hardware", lambda: load_hardware(self.hardware)),
+                            ("options", lambda: check_options([self.planner], self.options))):
+            try:
+                check()
+            except (ValueError, OSError) as exc:
+                said = config_message(str(exc))
+                raise ValueError(f"LongpackConfig({name}={getattr(self, name)!r}): {said}") from None
 
 
 _FIELDS = {"--overlong": "LongpackConfig.overlong", "--max-len": "LongpackConfig.max_len",
