@@ -195,3 +195,29 @@ def test_the_readme_set_up_puts_longpack_on_the_path():
     makefile = open(os.path.join(root, "Makefile"), encoding="utf-8").read()
     demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
     assert "source .venv/bin/activate" in demo and "longpack train --data" in demo
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--cp", "3", "--nproc", "2"], "--cp 3 must divide the number of processes per pipeline stage (2)"),
+    (["--pp", "3", "--nproc", "4"], "--pp 3 must divide the number of processes (4)"),
+    (["--lr", "-1"], "--lr -1.0: a learning rate must be >= 0"),
+    (["--data", "/nonexistent/rows.jsonl"], "--data /nonexistent/rows.jsonl: no such file or folder"),
+    (["--planner", "nosuch"], "unknown planner 'nosuch'"),
+    (["--model-path", "MODEL"], "no weights there"),
+    (["--lr-scheduler", "step"], "--lr-scheduler 'step': choose one of"),
+])
+def test_argument_errors_of_train_come_before_torch_is_imported(tmp_path, args, says):
+    """A command line `longpack train` cannot run is one line and exit 2 before torch is even imported (so no
+    process is spawned and no model loaded): within 5 s on this machine, typically under 1 s."""
+    import time
+
+    (tmp_path / "config.json").write_text("{}")  # a model folder without weights
+    args = [str(tmp_path) if a == "MODEL" else a for a in args]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "longpack.cli", "train", "--steps", "1", *args],
+                          capture_output=True, text=True, timeout=60)
+    seconds = time.perf_counter() - t0
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("longpack: error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
+    imported = {x.rsplit("|", 1)[-1].strip() for x in proc.stderr.splitlines() if x.startswith("import time:")}
+    assert "torch" not in imported and seconds <= 5.0, (seconds, sorted(m for m in imported if "torch" in m)[:5])

@@ -476,19 +476,8 @@ def train(planner: PlannerName = "unified",
     """Fine-tune a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
     import os
 
-    from .runtime.failure import one_line
-    from .runtime.launch import launch
-    from .runtime.loss import MODES
     from .runtime.preflight import check_checkpoint_dir, check_output_dir
-    from .runtime.train import TrainArgs, settings
-    from .runtime.train import train as run_train
-
-    if not lr >= 0:
-        raise ValueError(f"--lr {lr}: a learning rate must be >= 0")
-    if loss not in MODES:
-        raise ValueError(f"--loss {loss!r}: choose one of {', '.join(MODES)}")
-    if dtype not in ("float32", "float64", "bfloat16"):
-        raise ValueError(f"--dtype {dtype!r}: choose float32, float64 or bfloat16")
+    from .runtime.train_args import TrainArgs, check_layout, settings  # no torch yet: bad input is refused fast
     if workload is not None and lengths is not None:
         workload = None  # an explicit --lengths file wins over the default workload
     if data is not None:
@@ -509,6 +498,11 @@ def train(planner: PlannerName = "unified",
     check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir, resume or resume_if_present)
     now = {k: v for k, v in settings(args, world).items() if k != "data-content"}  # the rows are not read yet
     check_checkpoint_dir(checkpoint_dir, resume or resume_if_present, now)
+    check_layout(args, world)
+    from .runtime.failure import one_line
+    from .runtime.launch import launch
+    from .runtime.train import train as run_train
+
     try:
         if "WORLD_SIZE" in os.environ:
             run_train(args)

@@ -17,8 +17,8 @@ from .failure import PeerLost, one_line, peer_lost
 from .fit import check_fits
 from .run_plan import held_out, model_spec, plan_stream
 from .step import check_step
-from .train import train
-from .train_args import DTYPES, TrainArgs
+from .train import DTYPES, train
+from .train_args import TrainArgs
 
 __all__ = ["launch"]
 

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 
 from ..plan import Plan, Step
 from .data import IGNORE, Packed, Source
+from .train_args import LOSS_MODES
 
 __all__ = ["step_targets", "token_weights", "weighted_loss", "MODES"]
 
-MODES = ("token_mean", "sequence_mean")
+MODES = LOSS_MODES
 
 
 def step_targets(plan: Plan, step: Step, source: Source) -> dict[int, int]:

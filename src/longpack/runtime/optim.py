@@ -14,10 +14,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where a scheduler is built or gradients clipped: the checks need none
+    import torch
 
 __all__ = ["SCHEDULERS", "check_schedule", "build_scheduler", "warmup_of", "clip_gradients"]
 
@@ -66,6 +66,8 @@ def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float, group:
     """The gradients' global L2 norm (a device tensor), after scaling them to ``max_norm`` when above it
     (``max_norm`` <= 0: measured only). ``group``: the ranks whose squared norms add up (one per pipeline stage);
     ``skip``: parameters whose gradient another stage holds too (counted there), scaled but not counted."""
+    import torch
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     params = [p for p in params if p.grad is not None]

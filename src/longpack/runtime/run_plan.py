@@ -16,7 +16,7 @@ from .ahead import PlanAhead
 from .data import Source, SyntheticCorpus
 from .evaluate import Evaluation
 from .step import check_step
-from .train_args import TrainArgs
+from .train_args import TrainArgs, check_layout
 
 __all__ = ["load_source", "model_spec", "plan_stream", "build_plan", "held_out"]
 
@@ -45,13 +45,8 @@ def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec:
                 note: Any = jobs.say) -> tuple[PlanStream, CostModel]:
     """The run's plan as a stream (its header now, each step when asked), which every rank makes identically (same
     inputs, same seed), and its cost model; ``note``: where notes for the user go (one process says them)."""
-    run = args.run
-    if world % args.pp:
-        raise ValueError(f"--pp {args.pp} must divide the number of processes ({world})")
-    world //= args.pp  # the plan's ranks: one pipeline's stages run each plan rank's micro-batches
-    if run.cp < 1 or world % run.cp:
-        raise ValueError(f"--cp {run.cp} must divide the number of processes per pipeline stage ({world})")
-    run = replace(run, dp=world // run.cp, pp=args.pp)
+    world = check_layout(args, world)
+    run = replace(args.run, dp=world // args.run.cp, pp=args.pp)
     spec = spec or model_spec(args)
     if args.data is not None:
         source = source if source is not None else load_source(args, spec.vocab)

@@ -43,10 +43,12 @@ from .resume import fingerprint, resume
 from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream
 from .step import check_step
 from .step_log import emit, memory_record
-from .train_args import DTYPES, TrainArgs, settings
+from .train_args import TrainArgs, settings
 from .train_step import run_step
 
-__all__ = ["TrainArgs", "train", "build_plan", "plan_stream", "run_step", "settings"]
+__all__ = ["TrainArgs", "train", "build_plan", "plan_stream", "run_step", "settings", "DTYPES"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:

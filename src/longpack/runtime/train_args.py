@@ -1,19 +1,20 @@
-"""`longpack train`'s settings (:class:`TrainArgs`, checked when made) and what a resumed run must share with the
-checkpoint it continues (:func:`settings`)."""
+"""`longpack train`'s settings (:class:`TrainArgs`, checked when made), the checks of the process layout that
+need no process group (:func:`check_layout`), and what a resumed run must share with the checkpoint it continues
+(:func:`settings`). Free of torch, so a bad command line is refused before torch is imported."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .. import jobs
 
-__all__ = ["DTYPES", "TrainArgs", "settings"]
+__all__ = ["DTYPE_NAMES", "LOSS_MODES", "TrainArgs", "check_layout", "settings"]
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = ("float32", "float64", "bfloat16")
+LOSS_MODES = ("token_mean", "sequence_mean")  # runtime/loss.py
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,12 @@ class TrainArgs:
     data_content: str | None = None  # the rows' digest (rows.TokenRows.digest), set once they are loaded
 
     def __post_init__(self) -> None:
+        if not self.lr >= 0:
+            raise ValueError(f"--lr {self.lr}: a learning rate must be >= 0")
+        if self.loss not in LOSS_MODES:
+            raise ValueError(f"--loss {self.loss!r}: choose one of {', '.join(LOSS_MODES)}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"--dtype {self.dtype!r}: choose float32, float64 or bfloat16")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every {self.checkpoint_every}: must be >= 0 (0: never)")
         if self.checkpoint_every and not self.checkpoint_dir:
@@ -97,3 +104,30 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
             "weight-decay": args.weight_decay, "dtype": args.dtype, "fsdp": args.fsdp, "pp": args.pp,
             "lr-scheduler": args.lr_scheduler, "warmup-steps": args.warmup_steps, "warmup-ratio": args.warmup_ratio,
             "min-lr": args.min_lr, "max-grad-norm": args.max_grad_norm, "data-content": args.data_content}
+
+
+def check_layout(args: TrainArgs, world: int) -> int:
+    """Refuse (one line) what the command line gets wrong about the processes, the planner or the data path, with
+    no process group and no torch; returns the plan's ranks per pipeline stage (``world / pp``)."""
+    from ..planners import get_planner
+
+    if world % args.pp:
+        raise ValueError(f"--pp {args.pp} must divide the number of processes ({world})")
+    ranks = world // args.pp  # the plan's ranks: one pipeline's stages run each plan rank's micro-batches
+    if args.run.cp < 1 or ranks % args.run.cp:
+        raise ValueError(f"--cp {args.run.cp} must divide the number of processes per pipeline stage ({ranks})")
+    get_planner(args.planner)
+    for flag, path in (("--data", args.data), ("--eval-data", args.eval_data), ("--model-path", args.model_path),
+                       ("--tokenizer", args.tokenizer if args.tokenizer and os.sep in args.tokenizer else None)):
+        if path is not None and not os.path.exists(path):
+            raise ValueError(f"{flag} {path}: no such file or folder")
+    if args.model_path is not None:
+        files = os.listdir(args.model_path) if os.path.isdir(args.model_path) else []
+        if "config.json" not in files:
+            raise ValueError(f"--model-path {args.model_path}: no config.json there; give a folder written by "
+                             "save_pretrained")
+        if not any(f.endswith((".safetensors", ".bin")) for f in files):
+            raise ValueError(f"--model-path {args.model_path}: no weights there (*.safetensors or *.bin); give a "
+                             "folder written by save_pretrained")
+    return ranks
+
