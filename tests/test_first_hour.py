@@ -221,3 +221,18 @@ def test_argument_errors_of_train_come_before_torch_is_imported(tmp_path, args, 
     assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
     imported = {x.rsplit("|", 1)[-1].strip() for x in proc.stderr.splitlines() if x.startswith("import time:")}
     assert "torch" not in imported and seconds <= 5.0, (seconds, sorted(m for m in imported if "torch" in m)[:5])
+
+
+def test_a_two_process_run_on_a_checkpoint_speaks_with_one_voice(tmp_path):
+    """`longpack train --nproc 2` on a save_pretrained folder: stdout has the run's lines, stderr nothing from the
+    libraries (no per-rank loading or writing bars, no warnings, nothing at exit)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "model")
+    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--model-path", str(tmp_path / "model"),
+                           "--workload", "tiny-longtail", "--steps", "2", "--nproc", "2", "--output-dir",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("data: ") and "done: 2 steps" in proc.stdout
+    assert proc.stderr.strip() == "", proc.stderr[-2000:]

@@ -54,6 +54,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     """Run the plan; returns {"steps": [per-step records], "summary": {...}, "data": {...}, "model": model}."""
     ctx = ctx or init_distributed(timeout=args.timeout)
+    _one_voice(ctx.rank)
     if ctx.device.type == "cuda" and args.dtype != "bfloat16":
         raise ValueError(f"--dtype {args.dtype} on CUDA: the attention (FlashAttention varlen) runs in bfloat16; "
                          "use --dtype bfloat16 (parameters and optimizer state stay float32)")
@@ -222,9 +223,37 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
     return model
 
 
+def _one_voice(rank: int) -> None:
+    """Only longpack speaks, and only rank 0: transformers' progress bars off (the run prints its own progress),
+    its warnings off on the other ranks, and FSDP2's notice that the wrapped model returns a view (its logits; the
+    runner never writes into them in place, and the FSDP2 parity tests hold) not repeated per rank."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if rank != 0:
+        hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
 def _fsdp(args: TrainArgs, ctx: DistContext) -> bool:
     """FSDP2 runs when asked and there is more than one process per pipeline stage to shard over."""
     return args.fsdp and ctx.world // args.pp > 1
+
+
+def _one_voice(rank: int) -> None:
+    """Only longpack speaks, and only rank 0: transformers' progress bars off (the run prints its own progress),
+    its warnings off on the other ranks, and FSDP2's notice that the wrapped model returns a view (its logits; the
+    runner never writes into them in place, and the FSDP2 parity tests hold) not repeated per rank."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if rank != 0:
+        hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 def _fsdp(args: TrainArgs, ctx: DistContext) -> bool:
