@@ -40,8 +40,11 @@ def _check(losses, state, reference):
 
 def test_hf_parity_one_process_trainer_with_labels(tmp_path, reference):
     trainer = hf_case.longpack_trainer(str(tmp_path))
-    trainer.train()
+    metrics = trainer.train().metrics
     _check([s["loss"] for s in trainer.longpack_steps], trainer.model.state_dict(), reference)
+    # the Trainer's throughput counts the plan's samples (global batch per step), not its one-step batches
+    samples = hf_case.GLOBAL_BATCH * hf_case.STEPS
+    assert metrics["train_samples_per_second"] == pytest.approx(samples / metrics["train_runtime"], rel=0.02)
     logged = [x["loss"] for x in trainer.state.log_history if "loss" in x]
     assert logged == pytest.approx([s["loss"] for s in trainer.longpack_steps], rel=LOSS_RTOL)
     assert trainer.model.config._attn_implementation == "sdpa"  # the model's own attention after training

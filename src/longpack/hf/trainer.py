@@ -253,6 +253,17 @@ class LongpackMixin:
             raise ValueError(config_message(str(self._lp_rows.located(exc)))) from None
         return PlanAhead(stream, cfg.plan_ahead, check=check_step)
 
+    def get_total_train_batch_size(self, args: Any) -> int:
+        """Samples per optimizer step: the plan's global batch (the Trainer would count its one-step batches), so
+        its train_samples_per_second is the run's."""
+        return self.lp.global_batch
+
+    def num_examples(self, dataloader: DataLoader) -> int:
+        """Samples in one epoch of the plan's steps (the train loader yields steps, not samples)."""
+        if isinstance(dataloader.dataset, _Steps):
+            return min(len(dataloader.dataset) * self.lp.global_batch, len(self._lp_rows.lengths))
+        return super().num_examples(dataloader)  # type: ignore[misc]
+
     def get_train_dataloader(self) -> DataLoader:
         # batches of one step (not batch_size=None): the Trainer's resume skips batches through a batch sampler;
         # one epoch's steps, as the Trainer counts epochs (training_step reads the plan's step from global_step)
