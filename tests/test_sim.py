@@ -150,7 +150,7 @@ def test_simulate_refuses_a_mismatched_layout(toy_model, toy_hw):
 
 @pytest.mark.parametrize("name", ["fixed_cp", "sorted", "isf", "random_padded", "one_seq", "bfd", "skrull", "chunkflow",
                                   "unified"])
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(seed=st.integers(0, 50), layout=st.sampled_from([(1, 1), (4, 2), (2, 8), (4, 8)]),
        workload=st.sampled_from(["lmsys-chat-1m", "chatqa2-long-sft", "tulu3-longcite"]))
 def test_efficiency_is_in_zero_one(name, seed, layout, workload):
@@ -159,7 +159,7 @@ def test_efficiency_is_in_zero_one(name, seed, layout, workload):
     dp, cp = layout
     cost = make_cost("qwen2.5-0.5b", "h100", dp=dp, cp=cp)
     x = generate(workload, 2000, seed=seed)
-    plan = get_planner(name).plan(x, global_batches(len(x), 64, seed=seed, steps=3), PlanContext(cost=cost),
+    plan = get_planner(name).plan(x, global_batches(len(x), 64, seed=seed, steps=2), PlanContext(cost=cost),
                                   max_len=128 * 1024)
     report = simulate(plan, cost)
     assert 0 < report.efficiency <= 1 + 1e-12  # equal when the bound is tight (one rank, one micro-batch)
