@@ -69,6 +69,11 @@ def _serve(conn: Any, tests_dir: str) -> None:
         conn.send(reply)
 
 
+def _errors(replies: dict[int, tuple[str, str]]) -> str:
+    """The failed ranks' tracebacks, rank by rank."""
+    return "\n".join(f"rank {r}:\n{text}" for r, (status, text) in sorted(replies.items()) if status != "ok")
+
+
 class Pool:
     def __init__(self, size: int) -> None:
         ctx = mp.get_context("spawn")
@@ -101,13 +106,11 @@ class Pool:
             dead = [r for r in range(nprocs) if r not in replies and not self.procs[r].is_alive()]
             if len(replies) < nprocs and (dead or time.monotonic() > deadline):
                 self.close()
-                errors = [f"rank {r}:\n{text}" for r, (status, text) in sorted(replies.items()) if status != "ok"]
                 what = (f"ranks {dead} died" if dead else "the other ranks did not finish" if failed
                         else f"did not finish within {timeout:g} s")
-                raise RuntimeError(f"{fn.__name__}: {what}\n" + "\n".join(errors))
-        errors = [f"rank {r}:\n{text}" for r, (status, text) in sorted(replies.items()) if status != "ok"]
-        if errors:
-            raise RuntimeError(f"{fn.__name__} failed\n" + "\n".join(errors))
+                raise RuntimeError(f"{fn.__name__}: {what}\n{_errors(replies)}")
+        if any(status != "ok" for status, _ in replies.values()):
+            raise RuntimeError(f"{fn.__name__} failed\n{_errors(replies)}")
 
     def close(self) -> None:
         global _POOL

@@ -34,16 +34,7 @@ sequence and local placements only grow as the scan advances, so DACP makes at m
 tries at most K + 1 values of m and m = K always succeeds (one sequence ≤ C·N per micro-batch).
 
 Cost: O(K·N) per DACP call, O(K²·N) worst case per replica; 1.6 ms median for a 256-sequence batch at DP4·CP8
-(bench/planning.py, docs/BENCHMARKS.md).
-
->>> import numpy as np
->>> from longpack.cost import CostModel, TrainConfig
->>> from longpack.hardware import get_hardware
->>> from longpack.model import get_model
->>> from longpack.planners.base import PlanContext
->>> cost = CostModel(get_model("qwen2.5-0.5b"), get_hardware("h100"), TrainConfig(cp=4, token_cap=1000))
->>> dacp([100, 200, 300, 2000], cap=1000, cp=4, t_local=[1.0, 2.0, 3.0, 30.0], t_shard=[0.5, 0.7, 1.0, 8.0])
-[0, 1, 2, None]
+(bench/planning.py, docs/BENCHMARKS.md). DACP's code and its example: planners/dacp.py.
 """
 
 from __future__ import annotations

@@ -32,10 +32,11 @@ def load(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
     """The checkpoint at ``path`` as a transformers CausalLM running the longpack attention."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from .preflight import check_model_dir
+
     register()
     p = Path(path)
-    if not (p / "config.json").is_file():
-        raise ValueError(f"--model-path {path}: no config.json there; give a folder written by save_pretrained")
+    check_model_dir(p)
     try:
         config = AutoConfig.from_pretrained(p, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(p, config=config, dtype=dtype, attn_implementation=ATTN,

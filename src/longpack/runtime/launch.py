@@ -77,7 +77,6 @@ def launch(args: TrainArgs, nproc: int) -> None:
         from .hf_model import preload
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a fast tokenizer's threads do not survive a fork
-
         preload(spec, args.model_path)
     with tempfile.TemporaryDirectory(prefix="longpack-errors-") as errors:
         ctx = mp.start_processes(_worker, args=(nproc, free_port(), asdict(args), errors), nprocs=nproc, join=False,

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_output_dir", "check_checkpoint_dir", "STALE_WEIGHTS"]
+__all__ = ["check_output_dir", "check_checkpoint_dir", "check_model_dir", "STALE_WEIGHTS"]
 
 STALE_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
 
@@ -80,3 +80,15 @@ def check_checkpoint_dir(checkpoint_dir: str | None, resuming: bool, now: dict[s
         if flag in then and then[flag] != value:
             raise ValueError(f"--resume: the checkpoint {newest} was made with --{flag} {then[flag]!r}, this run "
                              f"has {value!r}; resume with the same --{flag} (only --steps may change)")
+
+
+def check_model_dir(path: str | Path) -> None:
+    """Refuse a ``--model-path`` that is not a folder written by ``save_pretrained``: no config.json, or no weight
+    files (*.safetensors, *.bin) beside it."""
+    p = Path(path)
+    files = {f.name for f in p.iterdir()} if p.is_dir() else set()
+    if "config.json" not in files:
+        raise ValueError(f"--model-path {path}: no config.json there; give a folder written by save_pretrained")
+    if not any(f.endswith((".safetensors", ".bin")) for f in files):
+        raise ValueError(f"--model-path {path}: no weights there (*.safetensors or *.bin); give a folder written "
+                         "by save_pretrained")

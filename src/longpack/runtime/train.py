@@ -242,25 +242,6 @@ def _fsdp(args: TrainArgs, ctx: DistContext) -> bool:
     return args.fsdp and ctx.world // args.pp > 1
 
 
-def _one_voice(rank: int) -> None:
-    """Only longpack speaks, and only rank 0: transformers' progress bars off (the run prints its own progress),
-    its warnings off on the other ranks, and FSDP2's notice that the wrapped model returns a view (its logits; the
-    runner never writes into them in place, and the FSDP2 parity tests hold) not repeated per rank."""
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    if rank != 0:
-        hf_logging.set_verbosity_error()
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-
-
-def _fsdp(args: TrainArgs, ctx: DistContext) -> bool:
-    """FSDP2 runs when asked and there is more than one process per pipeline stage to shard over."""
-    return args.fsdp and ctx.world // args.pp > 1
-
-
 def _pipeline(args: TrainArgs, spec: ModelSpec, ctx: DistContext, cost: CostModel) -> Any:
     """This rank's pipeline stage (None without --pp)."""
     if args.pp == 1:

@@ -122,12 +122,8 @@ def check_layout(args: TrainArgs, world: int) -> int:
         if path is not None and not os.path.exists(path):
             raise ValueError(f"{flag} {path}: no such file or folder")
     if args.model_path is not None:
-        files = os.listdir(args.model_path) if os.path.isdir(args.model_path) else []
-        if "config.json" not in files:
-            raise ValueError(f"--model-path {args.model_path}: no config.json there; give a folder written by "
-                             "save_pretrained")
-        if not any(f.endswith((".safetensors", ".bin")) for f in files):
-            raise ValueError(f"--model-path {args.model_path}: no weights there (*.safetensors or *.bin); give a "
-                             "folder written by save_pretrained")
+        from .preflight import check_model_dir
+
+        check_model_dir(args.model_path)
     return ranks
 
