@@ -139,30 +139,39 @@ def _rows(path):
 
 
 def test_two_epochs_train_other_batches_and_resume_mid_epoch_bit_identical(tmp_path):
-    """12 rows, 6 a step: epoch 1 is steps 0-1, epoch 2 steps 2-3; each step trains exactly its global batch's
-    rows (tokens summed from the plan's permutation); a run killed after step 3 (mid-epoch 2, as it starts its
-    4th checkpoint) and resumed writes the uninterrupted run's weights bit for bit."""
+    """The issue's run: 2 processes with FSDP2, cosine after 2 warmup steps, clipping at 1.0, 2 epochs, held-out
+    rows every 2 steps. 12 rows, 6 a step: epoch 1 is steps 0-1, epoch 2 steps 2-3; every step logs lr, grad norm
+    and loss, steps 1 and 3 the held-out loss; each step trains exactly its global batch's rows (tokens summed
+    from the plan's permutation). Rank 0 killed as it starts its 4th checkpoint (after step 3, mid-epoch 2), the
+    run resumed: the uninterrupted run's weights bit for bit."""
     from safetensors.torch import load_file
 
     from longpack.planners import global_batches
 
-    rows = _rows(tmp_path / "rows.jsonl")
+    rows, held = _rows(tmp_path / "rows.jsonl"), _rows(tmp_path / "held.jsonl")
     lengths = [5 + 3 * i for i in range(12)]
     ck = tmp_path / "ck"
-    flags = ["--data", rows, "--epochs", "2"]
+    flags = ["--data", rows, "--epochs", "2", "--nproc", "2", "--warmup-steps", "2", "--max-grad-norm", "1.0",
+             "--eval-data", held, "--eval-every", "2"]
     whole = _steps(_train(*flags, "--output-dir", str(tmp_path / "a")))
+    assert all({"lr", "grad_norm", "loss"} <= set(s) for s in whole) and whole[2]["lr"] == pytest.approx(1e-3)
+    assert [s["step"] for s in whole if "eval_loss" in s] == [1, 3]
     batches = global_batches(12, 6, seed=0, epochs=2)
     assert [s["tokens"] for s in whole] == [sum(lengths[i % 12] for i in b) for b in batches]
     assert {int(i) % 12 for i in batches[2]} != {int(i) % 12 for i in batches[0]}  # epoch 2 reshuffled
-    flags = ["--data", rows, "--epochs", "2", "--checkpoint-dir", str(ck)]  # killed entering its 4th checkpoint
+    flags += ["--checkpoint-dir", str(ck)]  # the real launcher, rank 0 killed entering its 4th checkpoint
     killed = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *flags, "--checkpoint-every",
                              "1"], capture_output=True, text=True, timeout=300,
                             env=faulty_env(tmp_path, "kill", rank=0, at=4))
     trained = [x for x in killed.stdout.splitlines() if x.startswith('{"step"')]
-    assert killed.returncode == -9 and len(trained) == 4, killed.stderr[-2000:]
-    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step_")) == [f"step_0000000{i}" for i in (1, 2, 3)]
-    rest = _steps(_train(*flags, "--resume", "--output-dir", str(tmp_path / "b")))
+    assert killed.returncode == 2 and len(trained) == 4, killed.stderr[-2000:]
+    assert "rank 0: the process was killed (SIGKILL)" in killed.stderr, killed.stderr[-2000:]
+    assert all((ck / f"step_0000000{i}").is_dir() for i in (1, 2, 3))
+    resumed = _train(*flags, "--resume", "--output-dir", str(tmp_path / "b"))
+    assert f"resuming from {ck / 'step_00000003'}" in resumed.stderr, resumed.stderr[-2000:]
+    rest = _steps(resumed)
     assert [s["step"] for s in rest] == [3] and rest[0]["loss"] == whole[3]["loss"]
+    assert rest[0]["eval_loss"] == whole[3]["eval_loss"] and rest[0]["lr"] == whole[3]["lr"]
     a, b = load_file(os.path.join(tmp_path / "a", "model.safetensors")), load_file(
         os.path.join(tmp_path / "b", "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
