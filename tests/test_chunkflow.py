@@ -78,6 +78,34 @@ def test_pipeline_respects_chain_backward_order():
     assert r.recompute == 4 and r.makespan == 14
 
 
+def _one_order(ops) -> None:
+    for kind in "FB":
+        orders = {tuple(i for op, i, *_ in stage if op == kind) for stage in ops}
+        assert len(orders) == 1, (kind, orders)
+
+
+def test_pipeline_stages_run_backwards_in_one_order():
+    """Every stage runs its forwards, and its backwards, in one item order (the runtime's point-to-point messages
+    pair by order). Here the standalone item 2's gradient reaches stage 1 while the chain's recomputed chunk 0
+    waits there; it used to overtake chunk 0 on stage 1 only."""
+    items = [Item(1.0, chain=0, recompute=True), Item(4.0, chain=0), Item(1.0)]
+    _one_order(schedule(items, 2, k=1).ops)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.tuples(st.integers(1, 3), st.lists(st.integers(1, 4), min_size=3, max_size=3)),
+                      min_size=1, max_size=6), k=st.integers(1, 2), pp=st.integers(2, 4))
+def test_pipeline_stages_run_forwards_and_backwards_in_one_order(shape, k, pp):
+    """Random mixes of chains (the first len - K chunks recomputed) and standalone items, random forward times."""
+    items: list[Item] = []
+    for chain, (size, times) in enumerate(shape):
+        if size == 1:
+            items.append(Item(float(times[0])))
+        else:
+            items += [Item(float(times[j]), chain=chain, recompute=j < size - k) for j in range(size)]
+    _one_order(schedule(items, pp, k=k).ops)
+
+
 def test_pipeline_cli_json():
     out = subprocess.run([sys.executable, "-m", "longpack.cli", "pipeline", "--lengths", "4,2,1,1", "--pp", "4",
                           "--chunk-size", "2", "--k", "2", "--json"], capture_output=True, text=True, check=True)

@@ -9,7 +9,8 @@ backward alternately, then the remaining backwards — each op starting when its
 **State-aware 1F1B** (chains present): a greedy list schedule per stage:
 
 * dependencies: F(i, s) after F(i, s−1); B(i, s) after B(i, s+1) (after F(i, p−1) on the last stage); forwards
-  on a stage in micro-batch order;
+  on a stage in micro-batch order, backwards in the order of the next stage's backwards (point-to-point messages
+  pair by order on NCCL, so every stage sends and receives the gradients in one order);
 * chunk chains (dependent chunks of one sequence): forwards ascending (given by the order), backward descending —
   B(c, s) waits for B(c+1, s) because chunk c's dK/dV is complete only after every later chunk's backward; a chunk
   marked ``recompute`` re-runs its forward on that stage (R) once the chain's next chunk has finished its
@@ -135,12 +136,14 @@ def _state_aware(items: list[Item], pp: int, bwd_ratio: float, k: int, eager: bo
     next_f = [0] * pp
     held = [0] * pp  # chunks whose activations a stage holds
     done_b = [0] * pp
+    b_seq: list[list[int]] = [[] for _ in range(pp)]  # each stage's backwards so far, in order
     useful = recompute = 0.0
     ops: list[list[tuple[str, int, float, float]]] = [[] for _ in range(pp)]
     while any(d < n for d in done_b):
         best = None  # (start, priority, stage, kind, item)
         for s in range(pp):
-            cand = _ready(items, s, pp, ends, nxt, next_f[s], held[s], k, free[s], eager)
+            turn = None if s == pp - 1 else (b_seq[s + 1][done_b[s]] if done_b[s] < len(b_seq[s + 1]) else -1)
+            cand = _ready(items, s, pp, ends, nxt, next_f[s], held[s], k, free[s], eager, turn)
             if cand is not None and (best is None or cand[:2] < best[:2]):
                 best = (*cand[:2], s, *cand[2:])
         assert best is not None, "pipeline deadlock"
@@ -160,14 +163,17 @@ def _state_aware(items: list[Item], pp: int, bwd_ratio: float, k: int, eager: bo
             useful += dur
             held[s] -= 1
             done_b[s] += 1
+            b_seq[s].append(i)
     makespan = max(max(row) for row in ends["B"])
     return PipelineResult(makespan=makespan, useful=useful, recompute=recompute, pp=pp,
                           ops=tuple(tuple(o) for o in ops))
 
 
 def _ready(items: list[Item], s: int, pp: int, ends: dict[str, list[list[float]]], nxt: list[int | None],
-           nf: int, held: int, k: int, free: float, eager: bool) -> tuple[float, int, str, int] | None:
+           nf: int, held: int, k: int, free: float, eager: bool, turn: int | None
+           ) -> tuple[float, int, str, int] | None:
     """The op stage ``s`` can start soonest: (start, priority, kind, item); ties go to B, then R, then F.
+    ``turn``: the only item whose backward may run next (the next stage's order; -1 none yet; None: any).
 
     R(i) (recompute) needs only the stage free and the chain's next chunk backward on this stage done (its
     activations freed), so it can fill time spent waiting for B(i)'s gradient from the next stage."""
@@ -185,7 +191,7 @@ def _ready(items: list[Item], s: int, pp: int, ends: dict[str, list[list[float]]
                 continue
             cand = (max(free, b_end[later] if later is not None else 0.0, 0.0 if eager else dep), 1, "R", i)
         else:
-            if dep < 0:
+            if dep < 0 or (turn is not None and i != turn):
                 continue
             cand = (max(free, dep, r_end[i]), 0, "B", i)
         if best is None or cand[:2] < best[:2]:
