@@ -94,7 +94,8 @@ def test_a_streamed_step_is_validated_as_it_is_planned():
 
 
 def _train(*extra):
-    proc = pool.cli(["train", "--workload", "tiny-longtail", "--samples", "400", "--global-batch", "12", "--planner",
+    proc = pool.cli(["train", "--workload", "tiny-longtail", "--model", "tiny", "--samples", "400",
+                     "--global-batch", "12", "--planner",
                      "unified", "--steps", "4", "--json", "--dtype", "float64", *extra])
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import typing
 
+import pool
 import pytest
 import typer
 
@@ -94,7 +95,8 @@ def test_bad_input_one_line_exit_2(args, says):
 
 
 def test_a_global_batch_larger_than_the_data_is_one_step_said_once():
-    proc = _cli("train", "--global-batch", "5000", "--samples", "40", "--nproc", "2", "--json")
+    proc = pool.cli(["train", "--model", "tiny", "--global-batch", "5000", "--samples", "40", "--nproc", "2",
+                     "--json"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = "--global-batch 5000 is more than the 40 samples of tiny-longtail: one step of all 40"
     assert proc.stderr.count(said) == 1

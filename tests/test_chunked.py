@@ -167,7 +167,7 @@ def _train_two_steps(*flags: str) -> None:
     """`longpack train` on the tiny long-tail workload, 2 processes, 2 steps: it runs and logs a positive loss."""
     import json
 
-    proc = pool.cli(["train", "--workload", "tiny-longtail", *flags, "--nproc", "2", "--steps", "2",
+    proc = pool.cli(["train", "--workload", "tiny-longtail", "--model", "tiny", *flags, "--nproc", "2", "--steps", "2",
                      "--global-batch", "24", "--json"])
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]

@@ -107,7 +107,8 @@ def test_train_cli_skrull_cp2_and_hbp_mixed_cp():
 
     for extra in (["--planner", "skrull", "--cp", "2", "--token-cap", "2048"],
                   ["--planner", "hbp", "--opt", "groups=512:1:0,4096:2:0", "--opt", "curriculum=0"]):
-        proc = pool.cli(["train", "--workload", "tiny-longtail", "--nproc", "2", "--steps", "2", "--global-batch",
+        proc = pool.cli(["train", "--workload", "tiny-longtail", "--model", "tiny", "--nproc", "2",
+                         "--steps", "2", "--global-batch",
                          "48", "--samples", "200", "--json", *extra])
         assert proc.returncode == 0, proc.stderr
         steps = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]

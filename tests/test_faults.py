@@ -14,7 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-COMMON = ["--workload", "tiny-longtail", "--planner", "isf", "--global-batch", "12", "--dtype", "float64", "--json"]
+COMMON = ["--workload", "tiny-longtail", "--model", "tiny", "--planner", "isf", "--global-batch", "12", "--dtype",
+          "float64", "--json"]
 
 
 def _train(*args, timeout=300):

@@ -14,7 +14,8 @@ from faults import faulty_env  # tests/faults.py
 
 torch = pytest.importorskip("torch")
 
-COMMON = ["--workload", "tiny-longtail", "--planner", "isf", "--global-batch", "6", "--dtype", "float64", "--json",
+COMMON = ["--workload", "tiny-longtail", "--model", "tiny", "--planner", "isf", "--global-batch", "6", "--dtype",
+          "float64", "--json",
           "--lr-scheduler", "cosine", "--warmup-steps", "1", "--min-lr", "1e-4"]
 
 

@@ -63,7 +63,8 @@ def _train_cli(*args, timeout=300):
 
 
 def test_train_cli_two_processes_json():
-    proc = _train_cli("--workload", "tiny-longtail", "--planner", "isf", "--nproc", "2", "--steps", "3", "--json",
+    proc = _train_cli("--workload", "tiny-longtail", "--model", "tiny", "--planner", "isf", "--nproc", "2",
+                      "--steps", "3", "--json",
                       "--global-batch", "16")
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -84,7 +85,8 @@ def test_train_cli_two_processes_json():
 
 
 def test_resume_after_kill_equals_uninterrupted(tmp_path):
-    common = ["--workload", "tiny-longtail", "--planner", "skrull", "--steps", "4", "--global-batch", "12",
+    common = ["--workload", "tiny-longtail", "--model", "tiny", "--planner", "skrull", "--steps", "4",
+              "--global-batch", "12",
               "--dtype", "float64", "--json", "--checkpoint-every", "1"]
     full = _train_cli(*common, "--checkpoint-dir", str(tmp_path / "full"), "--output-dir", str(tmp_path / "a"))
     assert full.returncode == 0, full.stderr

@@ -76,7 +76,7 @@ def test_check_runnable_refuses_local_chunk_in_cp_group():
 def _train(*flags: str) -> list[dict]:
     import json
 
-    proc = pool.cli(["train", "--nproc", "2", "--steps", "3", "--json", *flags], timeout=400)
+    proc = pool.cli(["train", "--model", "tiny", "--nproc", "2", "--steps", "3", "--json", *flags], timeout=400)
     assert proc.returncode == 0, proc.stderr
     return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
 

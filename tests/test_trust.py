@@ -14,7 +14,8 @@ from faults import faulty_env  # noqa: E402  (tests/faults.py)
 
 from longpack.runtime.preflight import check_checkpoint_dir, check_output_dir
 
-COMMON = ["--workload", "tiny-longtail", "--planner", "isf", "--global-batch", "6", "--dtype", "float64", "--json"]
+COMMON = ["--workload", "tiny-longtail", "--model", "tiny", "--planner", "isf", "--global-batch", "6", "--dtype",
+          "float64", "--json"]
 
 
 def _train(*args, timeout=300):
@@ -150,7 +151,7 @@ def test_a_label_outside_the_vocabulary_is_one_line_before_spawning(tmp_path):
     rows.write_text("".join(json.dumps({"input_ids": [5] * 9, "labels": [5] * 8 + [9999 if i == 7 else 5]}) + "\n"
                             for i in range(12)))
     proc, seconds = _train("--data", str(rows), "--steps", "1", "--nproc", "2")
-    _one_line(proc, "rows.jsonl:8: labels holds 9999, outside the model's vocabulary of 1024")
+    _one_line(proc, "rows.jsonl:8: labels holds 9999, outside the model's vocabulary of 256")
     assert seconds < 20, seconds
 
 
