@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
@@ -161,17 +162,49 @@ def test_simulate_and_tokenizer_errors_name_the_file(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_reproduce_all_gives_the_same_cell_as_reproduce_skrull():
-    from longpack.reproduce import all as rep_all
-    from longpack.reproduce import skrull
+class _Called(Exception):
+    pass
 
-    # enough samples that 16 steps of the widest batch (256) differ from 8: a step default that differed between
-    # the two commands would change the figure
-    # 2,300 samples: 9 batches of 256, so 16 steps (skrull's default) and 8 (the old `all` default) differ
-    alone = skrull.reproduce(samples=2300, sweeps=False)
-    together = rep_all.reproduce(samples=2300, hbp_samples=2000)["skrull"]
-    for a, b in zip(alone["cells"], together["cells"], strict=True):
-        assert a["speedup_vs_fixed_cp"] == b["speedup_vs_fixed_cp"], (a["model"], a["dataset"])
+
+def test_reproduce_all_plans_each_seed_as_its_own_command_does(monkeypatch):
+    """`reproduce all` calls each seed's reproduction with the arguments `reproduce <seed>` uses by default (the
+    figures are a function of them: a cell in `all` is the same figure). A step default that differed between the
+    two commands (16 for skrull, against 8 in `all` once) changed skrull's cells."""
+    from typer.testing import CliRunner
+
+    from longpack.cli import app
+    from longpack.reproduce import all as rep_all
+    from longpack.reproduce import chunkflow, hbp, skrull
+
+    calls: dict[str, list[dict]] = {}
+
+    def recorder(name: str, then: object = None):
+        def record(**kwargs):
+            calls.setdefault(name, []).append(kwargs)
+            if then is None:
+                raise _Called
+            return then(**kwargs)
+        return record
+
+    hbp_defaults = {k: p.default for k, p in inspect.signature(hbp.reproduce).parameters.items()}
+    for mod in (skrull, chunkflow, hbp):
+        monkeypatch.setattr(mod, "reproduce", recorder(mod.__name__.rsplit(".", 1)[1]))
+    for seed in ("skrull", "chunkflow", "hbp"):
+        assert isinstance(CliRunner().invoke(app, ["reproduce", seed]).exception, _Called), seed
+    # `all` in full: each seed's call recorded, then let through to the next one
+    real = {"skrull": lambda **kw: {"cells": []}, "chunkflow": lambda **kw: {"speedups": {}}}
+    for mod in (skrull, chunkflow):
+        name = mod.__name__.rsplit(".", 1)[1]
+        monkeypatch.setattr(mod, "reproduce", recorder(name, real[name]))
+    monkeypatch.setattr(hbp, "reproduce", recorder("hbp"))
+    with pytest.raises(_Called):
+        rep_all.reproduce()
+    alone, together = calls["skrull"]
+    assert {**alone, "sweeps": False} == together  # sweeps add tables, not cells
+    alone, together = calls["chunkflow"]
+    assert alone == together
+    alone, together = ({**hbp_defaults, **kw} for kw in calls["hbp"])
+    assert {**alone, "packers": False} == together  # packers add a table, not the verdict's cell
 
 
 def test_compare_job_plans_the_steps_it_says():
