@@ -9,8 +9,10 @@ thread count and default dtype, so jobs cannot see each other.
 
 ``cli(argv)`` runs a ``longpack`` command line on the pool as torchrun would (``--nproc N``: N workers, each one
 rank with RANK/WORLD_SIZE set) and returns it as ``subprocess.run`` does: rank 0's stdout, every rank's stderr,
-the exit code. The launcher's own behaviour (its checks before spawning, its one line for a failed rank) needs
-real processes and is tested with them.
+the exit code; ``script(path, args, nproc)`` runs a Python script as ``torchrun --nproc-per-node N path args``
+would. The launchers' own behaviour (their checks before spawning, their one line for a failed rank) needs real
+processes and is tested with them. Between jobs a worker also restores the warning filters (so a warning shown
+once is shown again to the next job) and forgets Accelerate's process state.
 
 A job that raises is re-raised here with the rank's traceback; a job that does not finish within ``timeout``
 seconds, or a worker that dies, ends the pool (the next call starts a new one) and fails the test.
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from typing import Any
 
 SIZE = 4  # the most ranks a test spawns
@@ -53,13 +56,18 @@ def _serve(conn: Any, tests_dir: str) -> None:
             return
         module, name, rank, args = job
         try:
-            getattr(importlib.import_module(module), name)(rank, *args)
+            with warnings.catch_warnings():
+                getattr(importlib.import_module(module), name)(rank, *args)
             reply = ("ok", "")
         except BaseException:  # noqa: BLE001  (every failure goes back to the test, with its traceback)
             reply = ("error", traceback.format_exc())
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            if "accelerate.state" in sys.modules:  # a singleton that would outlive the job's process group
+                state = sys.modules["accelerate.state"]
+                state.AcceleratorState._reset_state(True)
+                state.PartialState._reset_state()
             os.environ.clear()
             os.environ.update(env)
             torch.set_num_threads(threads)
@@ -136,8 +144,32 @@ def spawn(fn: Any, args: tuple = (), nprocs: int = 2, timeout: float = 600.0) ->
     _POOL.run(fn, args, nprocs, timeout)
 
 
-def _cli_rank(rank: int, world: int, port: int, argv: list[str], out: str, env: dict[str, str]) -> None:
-    """One rank of a command line: its stdout and stderr to ``out/rank.*``, its exit code to ``out/rank.code``."""
+@contextlib.contextmanager
+def _leave_returns() -> Any:
+    """``runtime.dist.leave`` (the end of a finished rank: barrier, destroy, ``os._exit``) as a pooled worker needs
+    it: the peers wait for each other, then the script exits 0 by ``SystemExit`` and the worker lives on."""
+    from longpack.runtime import dist as rdist
+
+    def leave() -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+        raise SystemExit(0)
+
+    saved, rdist.leave = rdist.leave, leave
+    try:
+        yield
+    finally:
+        rdist.leave = saved
+
+
+def _cli_rank(rank: int, world: int, port: int, argv: list[str], out: str, env: dict[str, str],
+              script: str | None = None) -> None:
+    """One rank of a command line (``longpack ARGV``, or ``python SCRIPT ARGV``): its stdout and stderr to
+    ``out/rank.*``, its exit code to ``out/rank.code``."""
+    import runpy
+
     import longpack.cli
 
     if world > 1:
@@ -147,14 +179,21 @@ def _cli_rank(rank: int, world: int, port: int, argv: list[str], out: str, env: 
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # as `--nproc` sets its ranks' (same float sums)
-    saved, sys.argv = sys.argv, ["longpack", *argv]
+    saved, sys.argv = sys.argv, [script or "longpack", *argv]
     code: Any = 0
     with open(os.path.join(out, f"{rank}.out"), "w") as o, open(os.path.join(out, f"{rank}.err"), "w") as e, \
             contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
         try:
-            longpack.cli.main()
+            if script:
+                with _leave_returns():
+                    runpy.run_path(script, run_name="__main__")
+            else:
+                longpack.cli.main()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except Exception:  # noqa: BLE001  (a script's uncaught error: its traceback on stderr, exit 1, as python does)
+            traceback.print_exc()
+            code = 1
         finally:
             sys.argv = saved
     with open(os.path.join(out, f"{rank}.code"), "w") as f:
@@ -178,11 +217,26 @@ def cli(argv: list[str], env: dict[str, str] | None = None, timeout: float = 300
             break
     with tempfile.TemporaryDirectory(prefix="longpack-pool-") as out:
         spawn(_cli_rank, (nproc, free_port(), argv, out, dict(env or {})), nprocs=nproc, timeout=timeout)
+        return _completed(["longpack", *argv], out, nproc)
 
-        def read(name: str) -> str:
-            with open(os.path.join(out, name)) as f:
-                return f.read()
 
-        codes = [int(read(f"{r}.code")) for r in range(nproc)]
-        return subprocess.CompletedProcess(["longpack", *argv], next((c for c in codes if c), 0), read("0.out"),
-                                           "".join(read(f"{r}.err") for r in range(nproc)))
+def script(path: str, args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
+           timeout: float = 300.0) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node NPROC PATH ARGS`` on the warm pool (RANK, WORLD_SIZE, MASTER_* set as torchrun
+    sets them; for NPROC 1, ``python PATH ARGS``), returned as :func:`cli` returns a command line."""
+    from longpack.runtime.dist import free_port
+
+    argv = [str(a) for a in args]
+    with tempfile.TemporaryDirectory(prefix="longpack-pool-") as out:
+        spawn(_cli_rank, (nproc, free_port(), argv, out, dict(env or {}), str(path)), nprocs=nproc, timeout=timeout)
+        return _completed([str(path), *argv], out, nproc)
+
+
+def _completed(args: list[str], out: str, nproc: int) -> subprocess.CompletedProcess:
+    def read(name: str) -> str:
+        with open(os.path.join(out, name)) as f:
+            return f.read()
+
+    codes = [int(read(f"{r}.code")) for r in range(nproc)]
+    return subprocess.CompletedProcess(args, next((c for c in codes if c), 0), read("0.out"),
+                                       "".join(read(f"{r}.err") for r in range(nproc)))

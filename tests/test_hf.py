@@ -2,7 +2,6 @@
 unpacked ``transformers.Trainer`` training of the same rows, in float64, at CP 1, CP 2 and CP 2 x DP 2."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ datasets = pytest.importorskip("datasets")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hf_case  # noqa: E402
+import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 
 from longpack.hf import LongpackConfig, LongpackTrainer, config_message, longpack_trainer_class  # noqa: E402
 
@@ -84,9 +84,7 @@ def test_hf_trl_truncation_by_max_length_is_said(tmp_path):
 def _torchrun(tmp_path, nproc: int, cp: int, kind: str) -> dict:
     out = tmp_path / "run.pt"
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_run.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(nproc), script, str(out), str(cp), kind], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = pool.script(script, [out, cp, kind], nproc=nproc, env={"OMP_NUM_THREADS": "1"})  # as torchrun runs it
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=False) | {"stderr": proc.stderr}
 
@@ -195,49 +193,35 @@ def test_hf_errors_name_the_config_fields_of_this_path(tmp_path):
         LongpackConfig(options={"nosuch": 1})
 
 
-def _example(out_dir, *launcher):
+def _example(out_dir, nproc: int = 1):
+    """examples/hf_trainer.py as ``python`` (``nproc`` 1) or ``torchrun --nproc-per-node NPROC`` runs it, on the
+    warm pool; its logged losses."""
     import re
-    import subprocess
-    import sys
     from pathlib import Path
 
     script = str(Path(__file__).resolve().parent.parent / "examples" / "hf_trainer.py")
-    args = [script, "--steps", "3", "--output-dir", str(out_dir)]
-    cmd = [*launcher, *args] if launcher else [sys.executable, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    if proc.returncode != 0:
-        # torchrun's own traceback fills the tail; the failing worker's message comes before it
-        lines = proc.stderr.splitlines()
-        cause = [ln for ln in lines if re.search(r"Error|error|terminate|what\(\)|Abort|abort", ln)]
-        raise AssertionError("\n".join(cause[:40]) + "\n--- tail ---\n" + proc.stderr[-1500:])
+    proc = pool.script(script, ["--steps", "3", "--output-dir", str(out_dir)], nproc=nproc, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return [float(x) for x in re.findall(r"\{'loss': '([0-9.]+)'", proc.stdout + proc.stderr)]
 
 
 def test_hf_example_one_and_two_processes_train_the_same_losses(tmp_path):
-    """The example under python and under torchrun with 2 CPU processes (gloo): the same samples per step and the
-    exact global token mean give the same loss curve."""
-    import shutil
-    import sys
-    from pathlib import Path
-
+    """The example as one process and as 2 CPU ranks (gloo): the same samples per step and the exact global token
+    mean give the same loss curve (the TRL example below runs under the real torchrun)."""
     single = _example(tmp_path / "one")
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    # --standalone: the rendezvous takes a free port, not the fixed 29500 another job on the machine may hold
-    double = _example(tmp_path / "two", torchrun, "--standalone", "--nproc-per-node", "2")
+    double = _example(tmp_path / "two", nproc=2)
     assert len(single) == 3 and single == pytest.approx(double, rel=1e-3)
 
 
 def test_hf_trl_long_sft_example_runs_as_written(tmp_path):
-    """README: `torchrun --nproc-per-node 4 examples/trl_long_sft.py` (TRL, completion-only, 4 CPU processes)."""
+    """README: `torchrun --nproc-per-node 4 examples/trl_long_sft.py` (TRL, completion-only, 4 CPU ranks on the warm
+    pool, as torchrun runs them; test_trust.py runs `longpack train` under the real torchrun)."""
     import re
-    import shutil
     from pathlib import Path
 
     pytest.importorskip("trl")
     script = str(Path(__file__).resolve().parent.parent / "examples" / "trl_long_sft.py")
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", script, "--output-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = pool.script(script, ["--output-dir", tmp_path], nproc=4, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     plan = re.search(r"plan: 3 steps at CP degrees \[[\d, ]+\], (\d+) pieces sharded over a CP group", out)
