@@ -10,6 +10,14 @@ from longpack.model import ModelSpec
 # a process of its own (it registers the fake CUDA device before importing torch): run by test_gpu_ready.py
 collect_ignore = ["gpu_ready_worker.py"]
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the fake-GPU worker of test_gpu_ready.py now, when its tests are selected: it runs beside the suite
+    (about half a minute on one core) and its tests read what it saw."""
+    if any(item.nodeid.startswith("tests/test_gpu_ready.py") for item in session.items):
+        mod = next(item.module for item in session.items if item.nodeid.startswith("tests/test_gpu_ready.py"))
+        session.config.stash[mod.WORKER] = mod.start()
+
+
 # A flat-table "hardware": every collective costs 100 µs below 1 MB and 1 µs more per MB above.
 FLAT = {k: ((1.0, 100.0), (1001.0, 1100.0)) for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")}
 

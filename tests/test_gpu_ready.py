@@ -22,15 +22,23 @@ PATHS = ["documents", "cp2_sharded", "chain_cp1", "chain_cp2", "pp2_first_stage"
          "step_fsdp_path", "trainer"]
 SYNCS = [f"syncs_{layers}_layers_{docs}_docs" for layers in (2, 8) for docs in (4, 64)]
 HERE = Path(__file__).parent
+WORKER = pytest.StashKey[subprocess.Popen]()
+
+
+def start() -> subprocess.Popen:
+    """The worker process, started by conftest.py when the session begins (it runs beside the other tests: one
+    process, mostly one core)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, str(HERE / "gpu_ready_worker.py"), *PATHS, "cpu_weights_bug", *SYNCS],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 @pytest.fixture(scope="module")
-def seen() -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(HERE / "gpu_ready_worker.py"), *PATHS, "cpu_weights_bug", *SYNCS],
-                          capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def seen(request) -> dict:
+    proc = request.config.stash.get(WORKER, None) or start()
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("path", PATHS)
