@@ -12,7 +12,10 @@ collect_ignore = ["gpu_ready_worker.py"]
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the fake-GPU worker of test_gpu_ready.py now, when its tests are selected: it runs beside the suite
-    (about half a minute on one core) and its tests read what it saw."""
+    (about half a minute on one core) and its tests read what it saw. Under pytest-xdist the other worker keeps
+    the second core busy, and the tests start it themselves."""
+    if hasattr(session.config, "workerinput"):
+        return
     if any(item.nodeid.startswith("tests/test_gpu_ready.py") for item in session.items):
         mod = next(item.module for item in session.items if item.nodeid.startswith("tests/test_gpu_ready.py"))
         session.config.stash[mod.WORKER] = mod.start()
