@@ -1,27 +1,13 @@
-"""ChunkFlow (ICML 2025, arXiv 2503.02356): uniform chunks and state-aware chunk scheduling.
+"""ChunkFlow's uniform chunks and state-aware chunk scheduling (ChunkFlow, ICML 2025, arXiv 2503.02356).
 
-Per global batch, with ChunkSize C (option ``chunk_size``) and K (option ``k``, default 1):
-
-1. **Chunk construction** (Algorithm 1). A sequence longer than C becomes a chain of dependent chunks
-   [0, C), [C, 2C), ...; shorter sequences are packed first-fit-decreasing into the fewest standalone chunks of
-   capacity C. A chain's last, short piece seeds a chunk that short sequences may fill: that keeps chunks
-   uniform and stays exact, because documents never attend to each other and the piece is still the chain's
-   last chunk in order (its chunk is the chain's last micro-batch).
-2. **State-aware scheduling** (Algorithm 2). Forward ascending, backward descending (the runtime's order).
-   Only the last K chunks of a chain keep activations; the first N − K are marked ``recompute`` (activations
-   dropped after forward, recomputed before their backward, in descending order — chunk i's dK/dV is complete only
-   after every later chunk's backward, so the ascending order printed in secondary sources would be wrong).
-3. **DP distribution.** Chains (all chunks together, on one replica: they share K/V state) and standalone chunks
-   are spread over replicas by estimated time, longest first to the least-loaded replica (LPT), so replicas
-   finish together. Standalone chunks run first, chains after (as in the paper's Fig. 5 toy).
-
-Memory: a rank holds at most K chunks of activations (≈ K·C/cp tokens) plus the chain's stored K/V
-(2·layers·S·h_kv·bytes), so peak memory is set by C, not by the longest sequence; the simulator accounts for both.
-The default C is the largest with K chunks' activations within the token cap: C = (cap // K)·cp, so that
-K·ceil(C / cp) <= cap.
+Per global batch, with ChunkSize C (option ``chunk_size``) and K (option ``k``, default 1): sequences longer than
+C become chains of C-token chunks, shorter ones are packed first-fit-decreasing into chunks of C; only a chain's
+last K chunks keep activations (the others are marked ``recompute``); chains and chunks are spread over replicas by
+LPT. Peak memory is set by C and K, not by the longest sequence. The algorithm, the backward order and the
+default C: docs/PLANNERS.md, "ChunkFlow".
 
 Guarantees: coverage, caps, chain order on one replica, K respected, determinism. Cost: O(n log n + n·chunks)
-per global batch (FFD over the short sequences).
+per global batch.
 
 >>> import numpy as np
 >>> from longpack.cost import CostModel, TrainConfig

@@ -1,32 +1,15 @@
-"""HBP (NeurIPS 2025, arXiv 2503.07680): hierarchical balance packing with per-group SP degree and checkpointing.
+"""HBP's hierarchical balance packing with per-group SP degree and checkpointing (HBP, NeurIPS 2025, arXiv
+2503.07680).
 
-HBP plans the whole dataset offline, as the paper does: it regroups samples by length, so its optimizer steps do
-not follow the shared global batches (every sample of the plan's scope is still scheduled exactly once).
+HBP plans the whole dataset offline: samples are grouped by length (packing lengths with an SP degree and
+checkpointing each, :mod:`.hbp_groups`), packed by ISF within their group, under-full packs fill longer groups'
+(GreedyFill), packs are balanced by attention work into steps, and the steps follow a curriculum (short groups
+first) then a seeded interleaving. Each step carries its group's CP degree, token cap and checkpointing. Options:
+``groups``, ``profiles``, ``widen``, ``greedy_fill``, ``balance``, ``step_tokens``, ``curriculum``. The
+algorithm step by step: docs/PLANNERS.md, "HBP".
 
-1. **Groups** (Algorithm 1, :mod:`.hbp_groups`): packing lengths l_1 < ... < l_n with (sp_i, ckpt_i), chosen
-   automatically from the cost model (or measured profiles, option ``profiles=FILE``), or given as option
-   ``groups="16384:1:28,131072:8:29"`` (length:sp:ckpt, comma-separated). Chosen automatically, SP degrees are
-   divisors of ``--cp`` (the CP groups asked for); ``widen=1`` allows every degree up to 16 that divides the world.
-   Packing lengths no allowed degree fits are left out, their samples split into chains of the longest group.
-2. **Balance packing** (Algorithm 2, App. J): samples with length in (l_{i−1}, l_i] are packed by ISF into packs of
-   l_i tokens (per-rank tokens ceil(s/sp_i) within l_i/sp_i). Nothing is skipped: a sample longer than l_n follows
-   the over-long policy (split into a chain of l_n pieces by default), and is counted.
-3. **GreedyFill** (J.2, option ``greedy_fill``, default on): the samples of under-full packs of shorter groups
-   (packs below ISF's acceptance threshold — our reading of "remaining", HBP Algorithm 2) top up the packs of longer
-   groups, largest groups first, longest samples first; what is left is re-packed in its own group.
-4. **Attention balance** (J.3, option ``balance``, default on): each group's packs are sorted by Σ s_i² and cut
-   into steps of dp_i · m_i consecutive packs (dp_i = world / sp_i; m_i micro-batches per replica so that a step
-   holds about ``step_tokens`` tokens, default one pack of the longest group per replica); within a step the
-   packs are dealt in snake order so every replica gets the same attention work. Without it packs are shuffled.
-5. **Dynamic pipeline** (HBP's dynamic training pipeline): each step belongs to one group and carries its cp
-   (= SP) degree, token cap and checkpointing; the world stays fixed. Curriculum: the first ``curriculum`` steps
-   (option, default 500 as in the paper, capped by what the short groups have) come from the groups without SP;
-   then the groups' steps are interleaved at random in proportion to their step counts (seeded) — the paper does
-   not publish its order.
-
-Guarantees: every sample in exactly one pack of its group (or filled into a longer group's pack, or counted as
-split/truncated/dropped), caps respected per group, determinism by seed. Cost: O(N · iters) for ISF plus
-O(N log N) sorting; ~1 s per million samples here (bench/planning.py).
+Guarantees: every sample in exactly one pack (or counted as split/truncated/dropped), caps per group, determinism
+by seed. Cost: O(N · iters) for ISF plus O(N log N) sorting.
 
 >>> import numpy as np
 >>> from longpack.cost import CostModel, TrainConfig

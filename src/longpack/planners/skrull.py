@@ -1,40 +1,13 @@
-"""Skrull (NeurIPS 2025, arXiv 2505.19609): global data scheduling (GDS) + distributed-aware context parallelism (DACP).
+"""Skrull's GDS and DACP, ``skrull_rr`` beside them (Skrull, NeurIPS 2025, arXiv 2505.19609).
 
-The CP group stays fixed; only data placement changes.
+The CP group stays fixed; per global batch GDS splits the batch over replicas by estimated compute (LPT), cuts each
+replica's sorted sequences into the fewest strided micro-batches that DACP can place, and pads replicas to equal
+micro-batch counts; DACP (planners/dacp.py) puts each sequence whole on one CP rank or shards it over all, rolling
+back a local sequence when nothing fits. Options: ``partition`` (lpt, kk), ``rollback`` (shortest, longest, none).
+The algorithm, our correction of Algorithm 1's rollback and the termination argument: docs/PLANNERS.md, "Skrull".
 
-**GDS** (Algorithm 2), per global batch:
-
-1. Split the batch over the dp replicas by estimated compute (LPT on each sequence's whole-sequence time; option
-   ``partition="kk"`` for Karmarkar-Karp).
-2. Per replica, sort ascending and try m = ceil(Σ s / (C·N)) micro-batches as strided slices ``sub[j::m]`` (each
-   gets a mix of long and short); if a slice exceeds C·N tokens or DACP fails on it, try m + 1.
-3. Pad replicas with empty micro-batches to equal counts (collectives never deadlock).
-
-**DACP** (Algorithm 1, App. B.1), per micro-batch of K sequences on N CP ranks with token budget C each: in ascending
-order, put each sequence whole on the least-loaded rank if it fits, else on the rank with the most room, else
-shard it over all ranks if the tightest rank can hold ceil(s/N); if not even that, roll back: turn one local
-sequence of the tightest rank into a sharded one and retry. Loads are compute seconds from the cost model (the
-paper's FLOPs(S) and FLOPs(S, N) = FLOPs(S)/N with the kernel-efficiency loss of short shards).
-
-Rollback, as we correct Algorithm 1's printed form: the rank gets back s − ceil(s/N) tokens, every other
-rank is charged ceil(s/N), all loads are fixed, and a rank driven below zero rolls back in turn. Option
-``rollback``: ``shortest`` (default, the paper's "first local sequence", which in ascending order is the
-shortest), ``longest`` (frees the most memory per rollback: fewer rollbacks and so faster to plan, and it keeps
-more short sequences local), or ``none`` (the Table 3 ablation: a sequence that fits nowhere is sharded anyway,
-overflowing the cap — an OOM in a real run, a capacity error in ``Plan.validate``).
-
-``skrull_rr`` is the round-robin baseline of Table 3 (Algorithm 4): the same GDS, but DACP replaced by "most room
-first" with no compute balancing, taking each micro-batch's sequences in the order they were drawn (Algorithm 4
-iterates the sequences; only Algorithm 1 sorts them); the same rollback options.
-
-Guarantees (rollback on): DACP fails only when even sharding every sequence would not fit (a rank driven
-negative always still holds a local sequence to roll back); coverage, every rank within the token cap, chunk
-order for split samples, equal micro-batch counts, determinism. Termination: every rollback removes a local
-sequence and local placements only grow as the scan advances, so DACP makes at most 2K placement decisions; GDS
-tries at most K + 1 values of m and m = K always succeeds (one sequence ≤ C·N per micro-batch).
-
-Cost: O(K·N) per DACP call, O(K²·N) worst case per replica; 1.6 ms median for a 256-sequence batch at DP4·CP8
-(bench/planning.py, docs/BENCHMARKS.md). DACP's code and its example: planners/dacp.py.
+Guarantees (rollback on): DACP fails only when sharding everything would not fit; coverage, every rank within the
+token cap, equal micro-batch counts, determinism. Cost: O(K·N) per DACP call, O(K²·N) worst case per replica.
 """
 
 from __future__ import annotations
