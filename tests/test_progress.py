@@ -32,6 +32,17 @@ def test_meter_is_silent_before_its_delay_and_then_says_time_left_and_hint():
     assert all("left (quicker: --steps 1)" in ln for ln in lines)
 
 
+def test_a_job_whose_first_unit_is_slow_says_it_is_running_once_its_delay_has_passed():
+    import time
+
+    out = io.StringIO()
+    with meter("job", 4, ("run",), "runs", "quicker: --steps 1", after=0.2, every=60.0, stream=out):
+        time.sleep(0.6)  # the first run is still going
+        assert out.getvalue().startswith("longpack: job: 0/4 runs, 0 s (quicker: --steps 1)"), out.getvalue()
+        tick("run")
+    assert len(out.getvalue().splitlines()) == 1  # the next line waits for `every`
+
+
 def test_tick_without_a_meter_is_a_no_op_and_durations_read_well():
     tick("planned")
     assert duration(12.4) == "12 s" and duration(75) == "1 min 15 s" and duration(3 * 3600 + 120) == "3 h 02 min"

@@ -4,6 +4,7 @@ Work deep in the core (a planner's loop over global batches, the simulator's loo
 planner runs) calls :func:`tick` with a unit name; it costs one context-variable read when nobody listens. A CLI
 command wraps its job in :func:`meter`, naming the units it counts and how many it expects, plus a hint on how to
 make the job shorter. Nothing is shown for the first ``after`` seconds, so quick commands print nothing extra; then
+(even before the first unit is done)
 stderr gets a rich progress bar (a terminal) or one line every ``every`` seconds (a pipe, a log file), each with the
 elapsed time and an estimate of the time left from the rate so far. ``LONGPACK_PROGRESS=always`` shows it from the
 start (``after`` 0, a line per ``every`` = 0 s), ``LONGPACK_PROGRESS=never`` not at all.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,8 +131,14 @@ def meter(label: str, total: int, units: tuple[str, ...], noun: str, hint: str =
         outer[-1].close()
     m = Meter(label, total, units, noun, hint, **kw)
     token = _active.set(outer + (m,))
+    # a job whose first unit takes longer than ``after`` still says it is running once ``after`` has passed
+    first = threading.Timer(m.after, lambda: m.done == 0 and m.tick(0))
+    first.daemon = True
+    if m.after > 0 and not m.off:
+        first.start()
     try:
         yield m
     finally:
+        first.cancel()
         _active.reset(token)
         m.close()

@@ -21,7 +21,7 @@ from ..hardware import get_hardware
 from ..model import get_model
 from ..planners import PlanContext, get_planner
 from ..planners.hbp_groups import select_groups
-from ..progress import meter
+from ..progress import meter, tick
 from ..sim import plan_metrics, simulate
 from ..workloads import generate
 
@@ -44,6 +44,9 @@ PAPER: dict[str, Any] = {
 }
 
 
+_QUICKER = "quicker: fewer samples, --samples N (--hbp-samples N in `reproduce all`)"
+
+
 def _cost(**cfg: Any) -> CostModel:
     return CostModel(get_model("llama3.1-8b"), get_hardware("h100"), TrainConfig(**cfg))
 
@@ -55,6 +58,7 @@ def _run(lengths: np.ndarray, options: dict[str, Any], planner: str = "hbp", cp:
                                      max_len=128 * K)
     plan.validate()
     r, m = simulate(plan, cost, bounds=False), plan_metrics(plan)  # times only: no efficiency reported
+    tick("run")
     return {"total_s": r.total_s, "abr": m.abr, "cr": m.cr, "dbr": m.dbr, "pr": m.pr, "ave_t": m.ave_t,
             "oom_steps": r.oom_steps, "steps": len(plan.steps), "groups": plan.meta.get("hbp", {}).get("groups")}
 
@@ -70,7 +74,7 @@ def _run_unified(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     batches = global_batches(len(lengths), math.ceil(len(lengths) / steps), seed=seed)
     with meter("reproduce hbp: unified on the same samples", 2 * len(batches), ("planned", "simulated"),
                "steps planned and simulated",
-               "quicker: fewer samples, --samples N (--hbp-samples N in `reproduce all`)"):
+               _QUICKER):
         plan = get_planner("unified").plan(lengths, batches, PlanContext(cost=cost, seed=seed, options={"widen": 1}),
                                            max_len=128 * K)
         plan.validate()
@@ -93,6 +97,11 @@ def reproduce(*, samples: int = 200_000, seed: int = 0, packers: bool = True, un
               ) -> dict[str, Any]:
     """Table 6 (ISF, hierarchical, hierarchical + balance, the paper's groups), group selection, Table 13 when
     ``packers``, and ``unified`` on the same samples when ``unified`` (the slowest part: it plans every step)."""
+    with meter("reproduce hbp", 4 + (6 if packers else 0), ("run",), "planner runs", _QUICKER):
+        return _reproduce(samples, seed, packers, unified)
+
+
+def _reproduce(samples: int, seed: int, packers: bool, unified: bool) -> dict[str, Any]:
     import tempfile
 
     lengths = generate("tulu3-longcite", samples, seed=seed)
@@ -134,6 +143,7 @@ def _table13(lengths: np.ndarray, ckpt: int) -> dict[str, Any]:
                                          max_len=128 * K)
         r, m = simulate(plan, cost, bounds=False), plan_metrics(plan)
         out[label] = {"total_s": r.total_s, "dbr": m.dbr, "abr": m.abr, "pr": m.pr}
+        tick("run")
     none = out["none"]["total_s"]
     for v in out.values():
         v["speedup_vs_none"] = none / v["total_s"]
