@@ -10,15 +10,16 @@ from longpack.model import ModelSpec
 # a process of its own (it registers the fake CUDA device before importing torch): run by test_gpu_ready.py
 collect_ignore = ["gpu_ready_worker.py"]
 
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the fake-GPU worker of test_gpu_ready.py now, when its tests are selected: it runs beside the suite
     (about half a minute on one core) and its tests read what it saw. Under pytest-xdist the other worker keeps
     the second core busy, and the tests start it themselves."""
     if hasattr(session.config, "workerinput"):
         return
-    if any(item.nodeid.startswith("tests/test_gpu_ready.py") for item in session.items):
-        mod = next(item.module for item in session.items if item.nodeid.startswith("tests/test_gpu_ready.py"))
-        session.config.stash[mod.WORKER] = mod.start()
+    item = next((i for i in session.items if i.nodeid.startswith("tests/test_gpu_ready.py")), None)
+    if item is not None:
+        session.config.stash[item.module.WORKER] = item.module.start()
 
 
 # A flat-table "hardware": every collective costs 100 µs below 1 MB and 1 µs more per MB above.

@@ -192,6 +192,8 @@ def _cli_rank(rank: int, world: int, port: int, argv: list[str], out: str, env: 
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except Exception:  # noqa: BLE001  (a script's uncaught error: its traceback on stderr, exit 1, as python does)
+            if not script:
+                raise
             traceback.print_exc()
             code = 1
         finally:

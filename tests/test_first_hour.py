@@ -192,10 +192,10 @@ def test_reproduce_all_plans_each_seed_as_its_own_command_does(monkeypatch):
     for seed in ("skrull", "chunkflow", "hbp"):
         assert isinstance(CliRunner().invoke(app, ["reproduce", seed]).exception, _Called), seed
     # `all` in full: each seed's call recorded, then let through to the next one
-    real = {"skrull": lambda **kw: {"cells": []}, "chunkflow": lambda **kw: {"speedups": {}}}
+    empty = {"skrull": lambda **kw: {"cells": []}, "chunkflow": lambda **kw: {"speedups": {}}}
     for mod in (skrull, chunkflow):
         name = mod.__name__.rsplit(".", 1)[1]
-        monkeypatch.setattr(mod, "reproduce", recorder(name, real[name]))
+        monkeypatch.setattr(mod, "reproduce", recorder(name, empty[name]))
     monkeypatch.setattr(hbp, "reproduce", recorder("hbp"))
     with pytest.raises(_Called):
         rep_all.reproduce()

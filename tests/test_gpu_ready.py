@@ -26,7 +26,7 @@ WORKER = pytest.StashKey[subprocess.Popen]()
 
 
 def start() -> subprocess.Popen:
-    """The worker process, started by conftest.py when the session begins (it runs beside the other tests: one
+    """The worker process, started by conftest.py once collection ends (it runs beside the other tests: one
     process, mostly one core)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, str(HERE / "gpu_ready_worker.py"), *PATHS, "cpu_weights_bug", *SYNCS],

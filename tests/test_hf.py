@@ -207,7 +207,7 @@ def _example(out_dir, nproc: int = 1):
 
 def test_hf_example_one_and_two_processes_train_the_same_losses(tmp_path):
     """The example as one process and as 2 CPU ranks (gloo): the same samples per step and the exact global token
-    mean give the same loss curve (the TRL example below runs under the real torchrun)."""
+    mean give the same loss curve (test_trust.py runs `longpack train` under the real torchrun)."""
     single = _example(tmp_path / "one")
     double = _example(tmp_path / "two", nproc=2)
     assert len(single) == 3 and single == pytest.approx(double, rel=1e-3)

@@ -172,9 +172,9 @@ class Plan:
     # --- queries ----------------------------------------------------------------------------------------------
     def effective_length(self, sample: int) -> int:
         """Tokens of ``sample`` the plan must cover: 0 if dropped, the kept length if truncated."""
-        if self.dropped and sample in self.dropped:
+        if sample in self.dropped:
             return 0
-        return self.truncated.get(sample, self.lengths[sample]) if self.truncated else self.lengths[sample]
+        return self.truncated.get(sample, self.lengths[sample])
 
     def is_chunk(self, piece: Piece) -> bool:
         """True when ``piece`` is part of a split sample (a link of a chunk chain), not the whole sample."""
@@ -260,9 +260,9 @@ class Plan:
             seen.add(p.sample)
             if p.sample in self.dropped:
                 raise PlanError(f"{where}: sample {p.sample}: dropped ({self.dropped[p.sample]}) but scheduled")
-            kept = self.truncated.get(p.sample, self.lengths[p.sample])  # not dropped: checked above
-            if not 0 <= p.start < p.stop <= kept:
-                raise PlanError(f"{where}: sample {p.sample} piece [{p.start}, {p.stop}) outside [0, {kept})")
+            if not 0 <= p.start < p.stop <= self.effective_length(p.sample):
+                raise PlanError(f"{where}: sample {p.sample} piece [{p.start}, {p.stop}) outside "
+                                f"[0, {self.effective_length(p.sample)})")
             if p.cp_rank is not None and not 0 <= p.cp_rank < cp:
                 raise PlanError(f"{where}: sample {p.sample} cp_rank={p.cp_rank} not in [0, {cp})")
             if mb.pad_to and p.stop - p.start > mb.pad_to:

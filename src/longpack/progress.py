@@ -3,11 +3,11 @@
 Work deep in the core (a planner's loop over global batches, the simulator's loop over steps, a reproduction's
 planner runs) calls :func:`tick` with a unit name; it costs one context-variable read when nobody listens. A CLI
 command wraps its job in :func:`meter`, naming the units it counts and how many it expects, plus a hint on how to
-make the job shorter. Nothing is shown for the first ``after`` seconds, so quick commands print nothing extra; then
-(even before the first unit is done)
-stderr gets a rich progress bar (a terminal) or one line every ``every`` seconds (a pipe, a log file), each with the
-elapsed time and an estimate of the time left from the rate so far. ``LONGPACK_PROGRESS=always`` shows it from the
-start (``after`` 0, a line per ``every`` = 0 s), ``LONGPACK_PROGRESS=never`` not at all.
+make the job shorter. Nothing is shown for the first ``after`` seconds, so quick commands print nothing extra; then,
+even before the first unit is done, stderr gets a rich progress bar (a terminal) or one line every ``every``
+seconds (a pipe, a log file), each with the elapsed time and an estimate of the time left from the rate so far.
+``LONGPACK_PROGRESS=always`` shows it from the start (``after`` 0, a line per ``every`` = 0 s),
+``LONGPACK_PROGRESS=never`` not at all.
 """
 
 from __future__ import annotations
@@ -132,13 +132,15 @@ def meter(label: str, total: int, units: tuple[str, ...], noun: str, hint: str =
     m = Meter(label, total, units, noun, hint, **kw)
     token = _active.set(outer + (m,))
     # a job whose first unit takes longer than ``after`` still says it is running once ``after`` has passed
-    first = threading.Timer(m.after, lambda: m.done == 0 and m.tick(0))
-    first.daemon = True
+    first = None
     if m.after > 0 and not m.off:
+        first = threading.Timer(m.after, lambda: m.done == 0 and m.tick(0))
+        first.daemon = True
         first.start()
     try:
         yield m
     finally:
-        first.cancel()
+        if first is not None:
+            first.cancel()
         _active.reset(token)
         m.close()

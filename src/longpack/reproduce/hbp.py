@@ -44,6 +44,9 @@ PAPER: dict[str, Any] = {
 }
 
 
+# Table 13's packers: (label, planner, options)
+_PACKERS = (("none", "one_seq", {}), ("random", "isf", {"isf_iters": 0}), ("isf", "isf", {}), ("ffd", "ffd", {}),
+            ("bfd", "bfd", {}), ("spfhp", "spfhp", {}))
 _QUICKER = "quicker: fewer samples, --samples N (--hbp-samples N in `reproduce all`)"
 
 
@@ -97,7 +100,7 @@ def reproduce(*, samples: int = 200_000, seed: int = 0, packers: bool = True, un
               ) -> dict[str, Any]:
     """Table 6 (ISF, hierarchical, hierarchical + balance, the paper's groups), group selection, Table 13 when
     ``packers``, and ``unified`` on the same samples when ``unified`` (the slowest part: it plans every step)."""
-    with meter("reproduce hbp", 4 + (6 if packers else 0), ("run",), "planner runs", _QUICKER):
+    with meter("reproduce hbp", 4 + (len(_PACKERS) if packers else 0), ("run",), "planner runs", _QUICKER):
         return _reproduce(samples, seed, packers, unified)
 
 
@@ -137,8 +140,7 @@ def _table13(lengths: np.ndarray, ckpt: int) -> dict[str, Any]:
 
     batches = global_batches(len(sub), len(sub), seed=0)  # the whole subset as one pool, as offline packing does
     out = {}
-    for label, planner, opts in (("none", "one_seq", {}), ("random", "isf", {"isf_iters": 0}), ("isf", "isf", {}),
-                                 ("ffd", "ffd", {}), ("bfd", "bfd", {}), ("spfhp", "spfhp", {})):
+    for label, planner, opts in _PACKERS:
         plan = get_planner(planner).plan(sub, batches, PlanContext(cost=cost, options=opts | {"pack_len": 128 * K}),
                                          max_len=128 * K)
         r, m = simulate(plan, cost, bounds=False), plan_metrics(plan)
