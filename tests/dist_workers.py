@@ -45,9 +45,27 @@ def plain_logits(model: torch.nn.Module, toks: torch.Tensor) -> torch.Tensor:
 
 
 def make_plan(planner: str, dp: int, cap: int = 128, cp: int = 1, **options):
+    if planner == "uneven":
+        return uneven_plan()
     cost = CostModel(SPEC, get_hardware("cpu"), TrainConfig(dp=dp, cp=cp, token_cap=cap))
     return get_planner(planner).plan(LENGTHS, global_batches(len(LENGTHS), len(LENGTHS), seed=0),
                                      PlanContext(cost=cost, options=options))
+
+
+def uneven_plan():
+    """One step on 2 ranks whose pass strings differ (runtime/passes.py): replica 0 runs a whole micro-batch,
+    then sample 4 as a chain of three 32-token chunks, the first recomputed (FB FFF B B FB); replica 1 an empty
+    micro-batch, a whole one, an empty one and a whole one (FB FB) — the merged schedule gives replica 1 empty
+    passes, and both ranks gather and reduce-scatter per layer in every pass."""
+    from longpack.plan import MicroBatch, Piece, Plan, Replica, Step
+
+    def whole(*samples):
+        return MicroBatch(tuple(Piece(s, 0, int(LENGTHS[s]), 0) for s in samples))
+
+    chain = tuple(MicroBatch((Piece(4, a, min(a + 32, 90), 0),), recompute=a == 0) for a in range(0, 90, 32))
+    reps = (Replica((whole(0, 1),) + chain), Replica((MicroBatch(()), whole(2, 3), MicroBatch(()), whole(5, 6, 7))))
+    return Plan("uneven", 2, {i: int(LENGTHS[i]) for i in (0, 1, 2, 3, 4, 5, 6, 7)},
+                (Step(cp=1, token_cap=128, replicas=reps),))
 
 
 def reference_grads(mode: str) -> tuple[float, dict[str, torch.Tensor]]:
@@ -224,7 +242,7 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
     """Step 0 of ``planner``'s plan on a dp x cp world under FSDP2 (one gather, one reduce-scatter); rank 0 saves
     the loss and the full gradients."""
     from longpack.runtime.context_parallel import CPGroups
-    from longpack.runtime.parallelize import StepSync, parallelize
+    from longpack.runtime.parallelize import PassSync, parallelize
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -235,10 +253,11 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
     groups = CPGroups.for_plan(plan, world) if step.cp > 1 else None
     c, cp_rank, group = groups.of(step, rank) if groups else (1, 0, None)
     model = parallelize(make_model(), world, torch.device("cpu"), torch.float64)
-    sync = StepSync(model, torch.device("cpu"))
-    sync.begin()
+    sync = PassSync(model, torch.device("cpu"))
+    clock = sync.begin(plan, 0, rank)
     loss, *_ = run_micro_batches(model, plan, 0, step.replicas[step.position(rank)[0]].micro_batches,
-                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c)
+                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c,
+                                 clock=clock)
     sync.end()
     stats = torch.tensor([loss], dtype=torch.float64)
     all_reduce_sum([stats])
@@ -246,9 +265,17 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
     if rank == 0:
         kinds = {"sharded": sum(1 for *_, p in plan.iter_pieces() if p.cp_rank is None and step.cp > 1),
                  "chunks": sum(1 for *_, p in plan.iter_pieces() if plan.is_chunk(p)),
-                 "ckpt": min(mb.ckpt_layers for *_, mb in _micro_batches(plan))}
+                 "ckpt": min(mb.ckpt_layers for *_, mb in _micro_batches(plan)),
+                 "empty_passes": sum(c.islower() for c in sync_rows(plan))}
         torch.save({"loss": float(stats[0]), "grads": grads, "plan": plan.to_json()} | kinds, out)
     _close()
+
+
+def sync_rows(plan) -> str:
+    """Every rank's row of step 0's pass schedule, joined."""
+    from longpack.runtime.passes import merge, replica_passes
+
+    return "".join(merge([replica_passes(plan, r.micro_batches) for r in plan.steps[0].replicas]))
 
 
 def sharded_chain_plan(k: int | None = None, chunk: int = 32, cp: int = 2, dp: int = 1, ckpt: int = 0):
@@ -295,15 +322,16 @@ def sharded_chain_worker(rank: int, world: int, port: int, out: str, k: int | No
     groups = CPGroups.for_plan(plan, world)
     c, cp_rank, group = groups.of(step, rank)
     model = make_model()
-    sync = None
+    sync = clock = None
     if fsdp:
-        from longpack.runtime.parallelize import StepSync, parallelize
+        from longpack.runtime.parallelize import PassSync, parallelize
 
         model = parallelize(model, world, torch.device("cpu"), torch.float64)
-        sync = StepSync(model, torch.device("cpu"))
-        sync.begin()
+        sync = PassSync(model, torch.device("cpu"))
+        clock = sync.begin(plan, 0, rank)
     loss, *_ = run_micro_batches(model, plan, 0, step.replicas[step.position(rank)[0]].micro_batches,
-                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c)
+                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c,
+                                 **({"clock": clock} if clock is not None else {}))
     stats = torch.tensor([loss], dtype=torch.float64)
     if sync is not None:
         sync.end()

@@ -16,7 +16,7 @@ fakegpu.activate()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from dist_workers import SPEC, make_plan, sharded_chain_plan  # noqa: E402
+from dist_workers import SPEC, make_plan, sharded_chain_plan, uneven_plan  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 from longpack.model import ModelSpec  # noqa: E402
@@ -100,18 +100,21 @@ def step_no_fsdp() -> None:
 
 
 def step_fsdp_path() -> None:
-    """train.run_step on its FSDP2 branch (StepSync's closing one-token pass, the statistics' all-reduce) over an
-    unsharded model: FSDP2's own shard init needs a real CUDA build, so its collectives are not run here."""
+    """train.run_step on its FSDP2 branches over an unsharded model: the per-layer pass schedule with its empty
+    one-token passes (PassSync, on a plan whose replicas' passes differ) and the pipeline's gather-once closing pass
+    (StepSync), then the statistics' all-reduce. FSDP2's own shard init needs a real CUDA build, so its
+    collectives are not run here."""
     from longpack.runtime.dist import DistContext
-    from longpack.runtime.parallelize import StepSync
+    from longpack.runtime.parallelize import PassSync, StepSync
     from longpack.runtime.train_step import run_step
 
-    plan = make_plan("isf", 2)
     model = _model()
-    ctx = DistContext(rank=0, world=WORLD, device=CUDA)
-    stats, _ = run_step(model, plan, 0, plan.steps[0].replicas[0].micro_batches,
-                        SyntheticCorpus(SPEC.vocab, seed=0), ctx, None, "token_mean", StepSync(model, CUDA))
-    assert stats.device == CUDA
+    runs = ((uneven_plan(), PassSync(model, CUDA), 1), (make_plan("isf", 2), StepSync(model, CUDA), 0))
+    for plan, sync, rank in runs:
+        ctx = DistContext(rank=rank, world=WORLD, device=CUDA)
+        stats, _ = run_step(model, plan, 0, plan.steps[0].replicas[rank].micro_batches,
+                            SyntheticCorpus(SPEC.vocab, seed=0), ctx, None, "token_mean", sync)
+        assert stats.device == CUDA
 
 
 def trainer() -> None:

@@ -1,6 +1,8 @@
-"""FSDP2 parity: the engine sharded over 2 gloo ranks (one parameter gather and one gradient reduce-scatter per
-step) gives the single-process unpacked loss and gradients in float64 — packed, with CP-sharded pieces, with a
-chunk chain, and with checkpointed layers."""
+"""FSDP2 parity: the engine sharded per layer over 2 gloo ranks (ZeRO-3: a gather per layer and pass, a
+reduce-scatter per layer and backward, on one pass schedule with empty passes where a rank has less to do) gives
+the single-process unpacked loss and gradients in float64 — packed, with CP-sharded pieces, with a chunk chain,
+with checkpointed layers, and with ranks of uneven work (a chain with a recomputed chunk beside an empty
+micro-batch)."""
 
 import pytest
 
@@ -20,6 +22,7 @@ CASES = {
     "context_parallel": ("skrull", 2, 48, {}, 0),
     "chunk": ("chunkflow", 1, 128, {"chunk_size": 32, "k": 1}, 0),
     "ckpt": ("isf", 1, 128, {}, 1),
+    "uneven_passes": ("uneven", 1, 128, {}, 0),
 }
 
 
@@ -30,7 +33,8 @@ def test_fsdp_parity(tmp_path, case):
     pool.spawn(fsdp_worker, args=(2, free_port(), out, planner, cp, cap, options, ckpt), nprocs=2)
     got = torch.load(out, weights_only=False)
     # the path under test really ran: sharded pieces, chunks of a chain, checkpointed layers
-    assert {"context_parallel": got["sharded"], "chunk": got["chunks"], "ckpt": got["ckpt"]}.get(case, 1) > 0
+    assert {"context_parallel": got["sharded"], "chunk": got["chunks"], "ckpt": got["ckpt"],
+            "uneven_passes": got["empty_passes"]}.get(case, 1) > 0
     plan = Plan.from_json(got["plan"])
     ref = step_reference(plan, 0)
     for name, g in ref.items():

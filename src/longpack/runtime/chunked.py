@@ -29,6 +29,7 @@ from ..plan import MicroBatch, Plan
 from . import varlen
 from .data import Packed, Source
 from .engine import num_layers
+from .passes import NO_CLOCK
 from .runner import forward_loss, prepare
 
 __all__ = ["KVStore", "run_chain", "drive_chain"]
@@ -119,23 +120,25 @@ class _ChunkPass:
 
 
 def run_chain(model: Any, plan: Plan, mbs: list[MicroBatch], sample: int, corpus: Source,
-              weights_of: Callable[[Packed], torch.Tensor], device: torch.device
+              weights_of: Callable[[Packed], torch.Tensor], device: torch.device, clock: Any = NO_CLOCK
               ) -> tuple[torch.Tensor | None, int, int]:
     """A chain on one rank (CP degree 1); returns (loss share as a device scalar, tokens, targets)."""
     store = KVStore(num_layers(model))
     batches = [prepare(mb, corpus, plan.effective_length, weights_of, device) for mb in mbs]
-    return drive_chain(model, mbs, batches, lambda i: _ChunkPass(batches[i], sample, i, store), store)
+    return drive_chain(model, mbs, batches, lambda i: _ChunkPass(batches[i], sample, i, store), store, clock)
 
 
 def drive_chain(model: Any, mbs: list[MicroBatch], batches: list[Packed], make_pass: Callable[[int], Any],
-                store: Any) -> tuple[torch.Tensor | None, int, int]:
+                store: Any, clock: Any = NO_CLOCK) -> tuple[torch.Tensor | None, int, int]:
     """Forward ascending, backward descending over the chain's micro-batches (already on the model's device:
     runtime/runner.prepare); returns (loss share as a device scalar, tokens, targets). ``make_pass(i)`` builds
     chunk i's ``attend`` callback, whose ``own`` maps a layer to the chunk's K/V tensors that enter ``store``
-    (``append``) and receive later chunks' gradients (``grads``)."""
+    (``append``) and receive later chunks' gradients (``grads``); ``clock`` is told before every pass
+    (runtime/passes.py)."""
     kept: dict[int, tuple[torch.Tensor, Any]] = {}
     loss_sum = None
     for i, (mb, batch) in enumerate(zip(mbs, batches, strict=True)):
+        clock.take("F")
         with torch.set_grad_enabled(not mb.recompute):
             attend = make_pass(i)
             loss = forward_loss(model, batch, attend, mb.ckpt_layers if not mb.recompute else 0)
@@ -148,8 +151,10 @@ def drive_chain(model: Any, mbs: list[MicroBatch], batches: list[Packed], make_p
         if i in kept:
             loss, attend = kept.pop(i)
         else:  # recompute: the same forward again, now recording the graph
+            clock.take("F")
             attend = make_pass(i)
             loss = forward_loss(model, batches[i], attend, mbs[i].ckpt_layers)
+        clock.take("B")
         tensors, grads = [loss], [torch.ones_like(loss)]
         if i < len(mbs) - 1:  # later chunks sent gradients to this chunk's keys and values: inject them
             for layer, (k, v) in sorted(attend.own.items()):

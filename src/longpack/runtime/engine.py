@@ -31,7 +31,6 @@ import torch
 import torch.utils.checkpoint
 
 __all__ = ["ATTN", "register", "engine_attention", "longpack_attention", "forward_logits", "checkpointing",
-           "head_weight", "head_off",
            "num_layers", "decoder_layers"]
 
 ATTN = "longpack"
@@ -95,27 +94,6 @@ def forward_logits(model: Any, input_ids_t: torch.Tensor, position_ids_t: torch.
     given = {"input_ids": input_ids_t[None]} if hidden is None else {"inputs_embeds": hidden[None]}
     out = model(**given, position_ids=position_ids_t[None], use_cache=False, longpack_attend=attend)
     return out.logits[0]
-
-
-def head_weight(model: Any) -> torch.Tensor | None:
-    """The LM head's [vocab, hidden] weight where the chunked loss can take its place (a bias-free linear head on
-    this stage), else None."""
-    head = getattr(model, "lm_head", None)
-    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
-        return None
-    return head.weight
-
-
-@contextmanager
-def head_off(model: Any) -> Iterator[None]:
-    """Run the model without its LM head for the block (its forward returns the final hidden states as
-    ``logits``); the head's parameters stay registered, so FSDP2 and the optimizer see the model unchanged."""
-    head = model.lm_head
-    model.lm_head = torch.nn.Identity()
-    try:
-        yield
-    finally:
-        model.lm_head = head
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["head_cross_entropy", "chunk_tokens", "CHUNK_BYTES"]
+__all__ = ["head_cross_entropy", "chunk_tokens", "CHUNK_BYTES", "LossHead", "loss_head"]
 
 CHUNK_BYTES = 1 << 28
 
@@ -63,3 +63,28 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
     """Σ_t w_t · cross-entropy(h_t · Wᵀ, label_t), computed ``chunk`` tokens at a time (default
     :func:`chunk_tokens`); ``h`` [T, hidden], ``weight`` [vocab, hidden], ``labels`` [T] (any id where w_t = 0)."""
     return _HeadCrossEntropy.apply(h, weight, labels, w, chunk or chunk_tokens(weight.shape[0]))
+
+
+class LossHead(torch.nn.Linear):
+    """A bias-free linear LM head that, while :attr:`target` holds (labels [T], weights [T]), returns the
+    micro-batch's Σ w·CE as a [1] tensor (:func:`head_cross_entropy`, autocast off) in place of the logits. The
+    loss is computed inside the model's forward, so a sharded head (FSDP2) is gathered for it in forward and again
+    for its backward; with no target it is the plain linear layer."""
+
+    target: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if self.target is None:
+            return super().forward(h)
+        labels, w = self.target
+        with torch.autocast(h.device.type, enabled=False):
+            return head_cross_entropy(h[0].to(self.weight.dtype), self.weight, labels, w).reshape(1)
+
+
+def loss_head(model: torch.nn.Module) -> LossHead | None:
+    """``model.lm_head`` as a :class:`LossHead` (a plain bias-free ``nn.Linear`` becomes one in place: the same
+    parameters, so optimizers, checkpoints and FSDP2 see the model unchanged); None for any other head."""
+    head = getattr(model, "lm_head", None)
+    if type(head) is torch.nn.Linear and head.bias is None:
+        head.__class__ = LossHead
+    return head if isinstance(head, LossHead) else None

@@ -5,15 +5,18 @@ pipeline stage's ranks under PP).
   over a 1-D mesh of all ranks: CP ranks hold different tokens of the same parameters, so their gradients are
   summed with DP's. The reduction is a sum (divide factor 1): each rank's loss already carries the step's global
   weights (runtime/loss.py). ``bfloat16`` computes in bf16 and reduces gradients in fp32 (``MixedPrecisionPolicy``);
-  the sharded parameters and AdamW state stay fp32.
-* :class:`StepSync` — a plan gives ranks different work within a step (empty micro-batches, chunk chains whose
-  recomputed chunks run forward twice, CP groups of several sizes), so FSDP's per-forward all-gathers and
-  per-backward reduce-scatters would not match across ranks. Instead each step gathers the parameters once
-  (:meth:`StepSync.begin`, the same collectives in the same order on every rank), runs the rank's micro-batches
-  with gradient sync off, and reduce-scatters once (:meth:`StepSync.end`) through a one-token closing pass whose
-  loss is multiplied by zero: every rank's accumulated gradient goes through FSDP's own reduce-scatter, exact.
-  The cost: full parameters and gradients live through the step (ZeRO-2's footprint, not ZeRO-3's), and one
-  one-token forward and backward per step.
+  the sharded parameters, their gradients (accumulated in fp32 over a step's backward passes) and AdamW state stay
+  fp32.
+* :class:`PassSync` — ZeRO-3: each decoder layer is gathered for each forward and backward pass and resharded
+  after it, its gradient reduce-scattered after each backward; the root (embeddings, norm, head) stays gathered
+  from a step's first forward to the end of the next backward. A plan gives ranks different work within a step,
+  so every rank follows one pass schedule per step (runtime/passes.py), running empty one-token passes where it
+  has less to do: the same collectives in the same order on every rank. Static memory: 16 bytes per parameter
+  over the ranks, plus one gathered layer (two with prefetch) and the root while gathered.
+* :class:`StepSync` — pipeline stages (and models Accelerate sharded): the parameters gathered once per step,
+  the rank's micro-batches run with gradient sync off, the gradients reduce-scattered once through a one-token
+  closing pass whose loss is multiplied by zero. The cost: full parameters and gradients live through the step
+  (ZeRO-2's footprint), and one one-token forward and backward per step.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from . import varlen
 from .engine import decoder_layers, forward_logits
+from .passes import Clock, merge, replica_passes
+from .runner import empty_loss
 
-__all__ = ["parallelize", "StepSync", "fsdp_modules"]
+__all__ = ["parallelize", "PassSync", "StepSync", "fsdp_modules"]
 
 
 def parallelize(model: torch.nn.Module, world: int, device: torch.device, dtype: torch.dtype,
@@ -54,6 +59,31 @@ def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+class PassSync:
+    """Per-layer gathers and reduce-scatters in every pass, on one pass schedule per step (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.modules = fsdp_modules(model)
+        self.clock: Clock | None = None
+
+    def begin(self, plan: Any, step: int, rank: int) -> Clock:
+        """This rank's clock over ``step``'s pass schedule (every replica's passes, merged)."""
+        st = plan.steps[step]
+        rows = merge([replica_passes(plan, rep.micro_batches) for rep in st.replicas])
+        self.clock = Clock(rows[st.position(rank)[0]], lambda: empty_loss(self.model, self.device))
+        return self.clock
+
+    def end(self) -> None:
+        """The schedule's remaining empty passes; every unit resharded (a forward no backward followed leaves the
+        root gathered, and the optimizer steps the shards)."""
+        if self.clock is not None:
+            self.clock.finish()
+            self.clock = None
+        for m in self.modules:
+            m.reshard()
+
+
 class StepSync:
     """Gather the parameters once per step, reduce-scatter the gradients once (see the module docstring)."""
 
@@ -61,7 +91,8 @@ class StepSync:
         self.model, self.device = model, device
         self.modules = fsdp_modules(model)
 
-    def begin(self) -> None:
+    def begin(self, *_: Any) -> None:
+        """Gather every unit (the step's passes then need no clock)."""
         for m in self.modules:
             m.set_requires_gradient_sync(False, recurse=False)
             m.set_reshard_after_forward(False, recurse=False)

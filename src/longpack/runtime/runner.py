@@ -18,19 +18,20 @@ Host syncs: none here; a step's losses are summed on the device and read once pe
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from ..plan import MicroBatch
+from . import varlen
 from .data import Packed, Source, collate
-from .engine import checkpointing, forward_logits, head_off, head_weight
-from .head_loss import head_cross_entropy
+from .engine import checkpointing, forward_logits
+from .head_loss import LossHead, loss_head
 from .loss import weighted_loss
 
-__all__ = ["prepare", "forward_loss", "model_device"]
+__all__ = ["prepare", "forward_loss", "empty_loss", "model_device"]
 
 
 def model_device(model: Any) -> torch.device:
@@ -48,17 +49,39 @@ def prepare(mb: MicroBatch, source: Source, effective_length: Callable[[int], in
     return batch.to(device)
 
 
+@contextmanager
+def _targets(head: LossHead | None, labels: torch.Tensor, weights: torch.Tensor) -> Iterator[None]:
+    if head is None:
+        yield
+        return
+    head.target = (labels, weights)
+    try:
+        yield
+    finally:
+        head.target = None
+
+
 def forward_loss(model: Any, batch: Packed, attend: Any, ckpt_layers: int = 0, hidden: torch.Tensor | None = None,
                  head: bool = True) -> torch.Tensor:
     """This micro-batch's Σ weight · cross-entropy (a device scalar, with its graph when grad is on); ``hidden``:
     a later pipeline stage's input; ``head=False``: return the stage's output hidden states instead. A linear head
-    without bias runs chunked with the loss (runtime/head_loss.py): no [tokens, vocab] logits are held."""
-    weight = head_weight(model) if head else None
-    with checkpointing(model, ckpt_layers), (head_off(model) if weight is not None else nullcontext()):
+    without bias computes the loss itself, in chunks (runtime/head_loss.LossHead): no [tokens, vocab] logits are
+    held."""
+    lm = loss_head(model) if head else None
+    with checkpointing(model, ckpt_layers), _targets(lm, batch.labels.clamp_min(0), batch.weights):
         out = forward_logits(model, batch.input_ids, batch.position_ids, attend, hidden=hidden)
-    if not head:
+    if not head or lm is not None:
         return out
-    if weight is None:
-        return weighted_loss(out, batch)
-    with torch.autocast(out.device.type, enabled=False):  # the head in its parameters' dtype, forward and back
-        return head_cross_entropy(out.to(weight.dtype), weight, batch.labels.clamp_min(0), batch.weights)
+    return weighted_loss(out, batch)
+
+
+def empty_loss(model: Any, device: torch.device) -> torch.Tensor:
+    """An empty pass (runtime/passes.py): one token through the whole model, its loss times zero, with its graph;
+    its backward adds zero to every gradient."""
+    one = torch.zeros(1, dtype=torch.long, device=device)
+    seqs = varlen.Seqs([1])
+    attend = lambda _l, q, k, v: varlen.attention(q, k, v, seqs)  # noqa: E731
+    lm = loss_head(model)
+    with _targets(lm, one, torch.zeros(1, dtype=torch.float32, device=device)):
+        out = forward_logits(model, one, one, attend)
+    return out * 0.0 if lm is not None else out.sum() * 0.0

@@ -24,6 +24,7 @@ from .context_parallel import CPAttention, rank_pieces
 from .data import Source
 from .engine import num_layers
 from .loss import step_targets, token_weights
+from .passes import NO_CLOCK
 from .runner import forward_loss, model_device, prepare
 from .sharded_chain import ShardedChainPass, ShardedKVStore
 
@@ -71,30 +72,36 @@ def chain_segments(plan: Plan, mbs: tuple[MicroBatch, ...]) -> dict[int, tuple[i
 
 
 def _cp_one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of, cp: int, cp_rank: int, group,
-            overlap: bool, device: torch.device) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
+            overlap: bool, device: torch.device, clock: Any) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
     """One micro-batch on one rank of a CP group of ``cp``: local pieces whole, a zigzag share of every sharded
     piece, K/V all-gathered."""
     rows, sharded = rank_pieces(mb, cp, cp_rank)
-    if not rows:
-        return None, 0, 0  # this rank holds nothing of the micro-batch and takes part in no exchange (check_runnable)
+    if not rows:  # this rank holds nothing of the micro-batch and takes part in no exchange (check_runnable)
+        clock.take("F", empty=True)
+        clock.take("B", empty=True)
+        return None, 0, 0
     batch = prepare(mb, corpus, plan.effective_length, weights_of, device, pieces=rows)
+    clock.take("F")
     loss = forward_loss(model, batch, CPAttention(mb, cp, cp_rank, group, rows, sharded, overlap=overlap),
                         mb.ckpt_layers)
+    clock.take("B")
     loss.backward()
     return loss.detach(), batch.tokens, batch.targets
 
 
-def _one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of,
-         device: torch.device) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
+def _one(model: Any, plan: Plan, mb: MicroBatch, corpus: Source, weights_of, device: torch.device,
+         clock: Any) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
     """One micro-batch of whole documents on one rank (CP degree 1)."""
     batch = prepare(mb, corpus, plan.effective_length, weights_of, device)
+    clock.take("F")
     loss = forward_loss(model, batch, _documents(batch.cu_seqlens), mb.ckpt_layers)
+    clock.take("B")
     loss.backward()
     return loss.detach(), batch.tokens, batch.targets
 
 
 def _cp_chain(model: Any, plan: Plan, seg: list[MicroBatch], sample: int, corpus: Source, weights_of, cp: int,
-              cp_rank: int, group, overlap: bool, device: torch.device
+              cp_rank: int, group, overlap: bool, device: torch.device, clock: Any
               ) -> tuple[torch.Tensor | None, int, int]:  # noqa: ANN001
     """One chain of chunks sharded over the CP group, on this rank."""
     store = ShardedKVStore(num_layers(model), group, cp, cp_rank)
@@ -102,7 +109,7 @@ def _cp_chain(model: Any, plan: Plan, seg: list[MicroBatch], sample: int, corpus
     batches = [prepare(mb, corpus, plan.effective_length, weights_of, device, pieces=rows)
                for mb, (rows, _) in zip(seg, parts, strict=True)]
     return drive_chain(model, seg, batches, lambda j: ShardedChainPass(seg[j], cp, cp_rank, group, *parts[j],
-                                                                       sample, j, store, overlap), store)
+                                                                       sample, j, store, overlap), store, clock)
 
 
 def check_runnable(plan: Plan) -> None:
@@ -152,13 +159,14 @@ def _check_cp_micro_batch(plan: Plan, mb: MicroBatch, cp: int, where: str) -> No
 
 def run_micro_batches(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, ...], corpus: Source,
                       *, mode: str = "token_mean", device: torch.device | None = None, cp_rank: int = 0,
-                      cp_group=None, overlap: bool = True, cp: int | None = None
+                      cp_group=None, overlap: bool = True, cp: int | None = None, clock: Any = NO_CLOCK
                       ) -> tuple[torch.Tensor, int, int]:  # noqa: ANN001
     """Backpropagate this rank's micro-batches of ``step``; returns (its share of the step loss, a device scalar
     summed over the micro-batches and read by the caller once per step; its tokens; its real targets).
     In a step with CP degree > 1, ``cp_rank`` and ``cp_group`` say which share this rank runs and with whom;
     ``cp``: the degree of this rank's group (default the step's; a step on groups of several sizes has one per
-    replica, :meth:`Step.position`). ``device``: where the batches go (default: the model's)."""
+    replica, :meth:`Step.position`). ``device``: where the batches go (default: the model's). ``clock``: this rank's
+    row of the step's pass schedule under per-layer sharding (runtime/passes.py), told before every pass."""
     targets = step_targets(plan, plan.steps[step], corpus)
     total = sum(targets.values())
     cp = plan.steps[step].cp if cp is None else cp
@@ -169,16 +177,17 @@ def run_micro_batches(model: Any, plan: Plan, step: int, mbs: tuple[MicroBatch, 
 
     if cp > 1:
         def chain_of(seg: list[MicroBatch], sample: int) -> tuple[torch.Tensor | None, int, int]:
-            return _cp_chain(model, plan, seg, sample, corpus, weights_of, cp, cp_rank, cp_group, overlap, dev)
+            return _cp_chain(model, plan, seg, sample, corpus, weights_of, cp, cp_rank, cp_group, overlap, dev,
+                             clock)
 
         def one(mb: MicroBatch) -> tuple[torch.Tensor | None, int, int]:
-            return _cp_one(model, plan, mb, corpus, weights_of, cp, cp_rank, cp_group, overlap, dev)
+            return _cp_one(model, plan, mb, corpus, weights_of, cp, cp_rank, cp_group, overlap, dev, clock)
     else:
         def chain_of(seg: list[MicroBatch], sample: int) -> tuple[torch.Tensor | None, int, int]:
-            return run_chain(model, plan, seg, sample, corpus, weights_of, dev)
+            return run_chain(model, plan, seg, sample, corpus, weights_of, dev, clock)
 
         def one(mb: MicroBatch) -> tuple[torch.Tensor | None, int, int]:
-            return _one(model, plan, mb, corpus, weights_of, dev)
+            return _one(model, plan, mb, corpus, weights_of, dev, clock)
     loss_sum, tokens, n_targets = torch.zeros((), dtype=torch.float64, device=dev), 0, 0
     chains = chain_segments(plan, mbs)
     i = 0

@@ -107,9 +107,9 @@ def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead,
     prank = pipe.layout.prank if pipe else ctx.rank
     sync = None
     if _fsdp(args, ctx):
-        from .parallelize import StepSync
+        from .parallelize import PassSync, StepSync
 
-        sync = StepSync(model, ctx.device)
+        sync = PassSync(model, ctx.device) if args.pp == 1 else StepSync(model, ctx.device)
     return _Parts(model, opt, sched, PlanSampler(ahead.plan, prank, steps=len(ahead), ready=ahead.wait), pipe, sync,
                   CPGroups.build(set(), ctx.world, timeout=args.timeout) if ctx.distributed else None, prank,
                   CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize)))

@@ -12,6 +12,7 @@ from .context_parallel import CPGroups
 from .data import Source
 from .dist import DistContext, all_reduce_sum
 from .memory import ActivationMeter
+from .passes import NO_CLOCK
 from .step import run_micro_batches
 
 __all__ = ["run_step"]
@@ -28,14 +29,14 @@ def run_step(model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: So
     rank, offset = (layout.prank, layout.offset) if layout else (ctx.rank, 0)
     cp, cp_rank, group = groups.of(plan.steps[step], rank, offset) if groups else (1, 0, None)
     meter = ActivationMeter()
-    if sync is not None:
-        sync.begin()
+    clock = sync.begin(plan, step, rank) if sync is not None else None
     with meter.measure(model):
         if pipe is not None:
             loss, tokens, targets = pipe.run_step(plan, step, mbs, source, None, mode, cp, cp_rank, group)
         else:
-            loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode,
-                                                      device=ctx.device, cp_rank=cp_rank, cp_group=group, cp=cp)
+            loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, mode=mode, device=ctx.device,
+                                                      cp_rank=cp_rank, cp_group=group, cp=cp,
+                                                      clock=clock or NO_CLOCK)
     # the step's statistics stay on the device (NCCL takes no host tensor): read once, after the reduction
     counts = torch.tensor([float(tokens), float(targets)], dtype=torch.float64).to(loss.device)  # one copy
     stats = torch.cat([loss.to(torch.float64).reshape(1), counts])
