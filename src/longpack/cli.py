@@ -472,6 +472,12 @@ def train(planner: PlannerName = "unified",
                                              "all processes (default when more than one).")] = True,
           ckpt_layers: Annotated[int, typer.Option(min=0, help="Checkpointed layers the plan starts from (the "
                                                    "planner may add more per micro-batch).")] = 0,
+          dry_run: Annotated[bool, typer.Option(help="Run the first steps on fake tensors in this one process "
+                                                "for each of --nproc ranks (the model from its config alone, no "
+                                                "weights read) and print each rank's memory peak beside the cost "
+                                                "model's prediction and the --hardware capacity.")] = False,
+          dry_run_steps: Annotated[int, typer.Option(min=1, help="Steps a dry run plays.")] = 1,
+          dry_run_ranks: Annotated[str, typer.Option(help="Ranks a dry run plays: all, or e.g. 0,5.")] = "all",
           json_out: Json = False, config: Config = None) -> None:
     """Fine-tune a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
     import os
@@ -493,13 +499,29 @@ def train(planner: PlannerName = "unified",
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
                      overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, report_to=report_to,
-                     eval_data=eval_data, eval_every=eval_every, fsdp=fsdp, pp=pp, plan_ahead=plan_ahead)
+                     eval_data=eval_data, eval_every=eval_every, fsdp=fsdp, pp=pp, plan_ahead=plan_ahead,
+                     dry_run=dry_run)
     world = int(os.environ.get("WORLD_SIZE", nproc))
     check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir, resume or resume_if_present)
     now = {k: v for k, v in settings(args, world).items() if k != "data-content"}  # the rows are not read yet
     check_checkpoint_dir(checkpoint_dir, resume or resume_if_present, now)
     check_layout(args, world)
     from .runtime.failure import one_line
+    if dry_run:
+        from .runtime.dry_run import dry_run as run_dry
+        from .runtime.dry_run import parse_ranks
+
+        if "WORLD_SIZE" in os.environ:
+            raise ValueError("--dry-run runs in one process: start it without torchrun, with --nproc N for the "
+                             "world it plays")
+        parse_ranks(dry_run_ranks, world)
+        try:
+            result = run_dry(args, world, dry_run_steps, dry_run_ranks)
+        except Exception as exc:  # noqa: BLE001  (one line, as a run's own error)
+            raise ValueError(f"--dry-run: {one_line(exc)}") from None
+        if json_out:
+            print(json.dumps(result))
+        return
     from .runtime.launch import launch
     from .runtime.train import train as run_train
 

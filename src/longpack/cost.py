@@ -45,6 +45,7 @@ from .model import ModelSpec
 __all__ = ["TrainConfig", "CostModel", "attention_pairs"]
 
 COMM_MEMO = 1 << 16  # most scalar K/V exchange times a cost model keeps (cleared when full)
+RUNTIME_HEAD_CHUNK_BYTES = 1 << 28  # fp32 logits of one chunk of the runtime's head loss (runtime/head_loss.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,7 @@ class TrainConfig:
     causal_factor: float = 0.5
     attn_bwd_factor: float = 2.5
     token_cap: int | None = None
+    runtime: bool = False  # price longpack's own runtime (see CostModel.static_bytes / act_bytes_per_token)
 
     def __post_init__(self) -> None:
         for name in ("dp", "cp", "tp", "pp"):
@@ -216,7 +218,13 @@ class CostModel:
 
     @property
     def static_bytes(self) -> float:
-        """Weights (2 B), gradients (2 B) and fp32 master + Adam moments (12 B) per parameter, ZeRO-sharded."""
+        """Weights (2 B), gradients (2 B) and fp32 master + Adam moments (12 B) per parameter, ZeRO-sharded.
+
+        With ``runtime`` at ZeRO-3 (longpack's FSDP2 runtime, runtime/parallelize.py), plus what is gathered while
+        a step runs: the root (embeddings, head) in bf16 from a forward to its backward, the next decoder layer
+        prefetched, and the larger of the head's backward temporaries (its fp32 weight gradient, that gradient in
+        bf16, three chunks of logits: runtime/head_loss.py) and a layer's backward (the layer gathered in bf16, its
+        gradient's fp32 reduce-scatter buffer)."""
         p, n, z = self.stage_params, self.cfg.dp * self.cfg.cp, self.cfg.zero_stage
         weights, grads, optim = 2 * p, 2 * p, 12 * p
         if z >= 1:
@@ -225,6 +233,13 @@ class CostModel:
             grads /= n
         if z >= 3:
             weights /= n
+        if self.cfg.runtime and z >= 3 and n > 1:
+            m, layer = self.model, self.model.layer_params() / self.cfg.tp
+            chunk = RUNTIME_HEAD_CHUNK_BYTES
+            if self.cfg.token_cap is not None:  # a chunk holds at most a micro-batch's tokens
+                chunk = min(chunk, 4 * m.vocab * self.cfg.token_cap)
+            head = 6.0 * m.vocab * m.hidden + 3 * chunk
+            weights += 2 * m.embedding_params / self.cfg.tp + 2 * layer + max(head, 6 * layer)
         return weights + grads + optim
 
     def act_bytes_per_token(self, ckpt_layers: int | None = None) -> float:
@@ -240,6 +255,8 @@ class CostModel:
         layers' worth, hence ``model.layers`` below.
         """
         m, k, b = self.model, self._k(ckpt_layers), self.cfg.act_bytes
+        if self.cfg.runtime:
+            return self._runtime_act_bytes_per_token(k)
         mlp_width = (m.top_k + m.shared_experts) * m.moe_ffn if m.experts else m.ffn
         kv = m.kv_width
         full = b * (3 * m.hidden + 2 * m.q_width + kv + (3 if m.gated_mlp else 2) * mlp_width) + 4 * m.heads
@@ -250,6 +267,22 @@ class CostModel:
         logits = m.vocab * self.cfg.logits_bytes
         return (per_token + logits) / self.cfg.tp
 
+    def _runtime_act_bytes_per_token(self, k: int) -> float:
+        """Bytes per token the runtime holds (``runtime``): transformers' eager decoder layer keeps
+        (8·hidden + 2·q_width + kv_width + 4·ffn) numbers per token plus fp32 softmax statistics per head (its
+        RMSNorms keep fp32 copies, its MLP gate, activation, up and product), a checkpointed layer its input, and
+        the model outside the layers 4·hidden + 2·head_dim (embeddings, final norm, the head's input, RoPE) —
+        counted from the saved tensors of a fake-tensor run (runtime/dry_run.py). The chunked head keeps no
+        logits. The peak is the larger of the backward's start (every kept activation alive) and a checkpointed
+        layer's backward (its recomputed activations and their gradients, ~2·hidden more, beside the kept
+        inputs)."""
+        m, b = self.model, self.cfg.act_bytes
+        full = b * (8 * m.hidden + 2 * m.q_width + m.kv_width + 4 * m.ffn) + 4 * m.heads
+        kept, rest = b * m.hidden, b * (4 * m.hidden + 2 * m.head_dim)
+        start = (self.layers - k) * full + k * kept
+        inner = k * kept + full + 2 * b * m.hidden if k else 0.0
+        return (max(start, inner) + rest) / self.cfg.tp
+
     @property
     def kv_bytes_per_token(self) -> float:
         """Bytes of K and V one token adds per layer on one rank (what the CP exchange moves)."""
@@ -257,8 +290,12 @@ class CostModel:
 
     def kv_store_bytes(self, prefix_tokens: float | np.ndarray) -> float | np.ndarray:
         """K/V kept for ``prefix_tokens`` earlier tokens of a chunk chain (ChunkFlow's state store), for the
-        layers of this pipeline stage: 2·layers·S·h_kv·bytes (ChunkFlow's K/V state), divided by tp."""
-        return prefix_tokens * self._kv_bytes_per_token * self.layers
+        layers of this pipeline stage: 2·layers·S·h_kv·bytes (ChunkFlow's K/V state), divided by tp; with
+        ``runtime``, plus the fp32 accumulators of the gradients later chunks send to it (runtime/chunked.py)."""
+        per_token = self._kv_bytes_per_token
+        if self.cfg.runtime:
+            per_token *= (self.cfg.act_bytes + 4) / self.cfg.act_bytes
+        return prefix_tokens * per_token * self.layers
 
     def memory_bytes(self, tokens: float | np.ndarray, ckpt_layers: int | None = None,
                      prefix_tokens: float | np.ndarray = 0.0) -> float | np.ndarray:

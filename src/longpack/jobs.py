@@ -90,11 +90,12 @@ def load_workload(spec: RunSpec) -> tuple[np.ndarray, int | None]:
     return lengths, None
 
 
-def build_cost(spec: RunSpec, model: ModelSpec | None = None) -> CostModel:
-    """The cost model of ``spec`` (``model``: shapes read from a checkpoint instead of the preset); a layout that
-    does not match ``--world`` or a model that cannot fit raises."""
+def build_cost(spec: RunSpec, model: ModelSpec | None = None, runtime: bool = False) -> CostModel:
+    """The cost model of ``spec`` (``model``: shapes read from a checkpoint instead of the preset; ``runtime``:
+    priced as longpack's own runtime executes it, :attr:`TrainConfig.runtime`); a layout that does not match
+    ``--world`` or a model that cannot fit raises."""
     cfg = TrainConfig(dp=spec.dp, cp=spec.cp, tp=spec.tp, pp=spec.pp, zero_stage=spec.zero_stage,
-                      ckpt_layers=spec.ckpt_layers, token_cap=spec.token_cap)
+                      ckpt_layers=spec.ckpt_layers, token_cap=spec.token_cap, runtime=runtime)
     if spec.world is not None and spec.world != cfg.world:
         raise ValueError(f"--world {spec.world} != dp {spec.dp} x tp {spec.tp} x pp {spec.pp} x cp {spec.cp} "
                          f"= {cfg.world}; make the degrees multiply to the world size")

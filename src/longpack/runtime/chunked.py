@@ -14,8 +14,9 @@ one sample (other, whole documents may share those micro-batches: ChunkFlow fill
    reach the prefix K/V (leaf tensors) are added to the store's accumulators of chunks < i. Chunk i's dK/dV is
    complete only after every later chunk's backward, hence descending order.
 
-Memory: at most K chunks of activations plus the store (2 · layers · S · kv_heads · head_dim numbers). Time: one
-extra forward per recomputed chunk. Exact: the same sums in a different order (float64 parity tests).
+Memory: at most K chunks of activations plus the store (2 · layers · S · kv_heads · head_dim numbers, and as many
+fp32 gradient accumulators). Time: one extra forward per recomputed chunk. Exact: the same sums in a different
+order (float64 parity tests).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ __all__ = ["KVStore", "run_chain", "drive_chain"]
 
 class KVStore:
     """Per layer, the K/V of every finished chunk of one sample ([n, kv_heads, D], detached) and the gradients
-    later chunks send to them (accumulated in place by :class:`_WithPrefix`'s backward)."""
+    later chunks send to them (accumulated in place by :class:`_WithPrefix`'s backward, in fp32 — fp64 stays fp64 —
+    whatever the K/V dtype: priced by ``CostModel.kv_store_bytes``)."""
 
     def __init__(self, layers: int) -> None:
         self.blocks: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]] = [
@@ -45,14 +47,16 @@ class KVStore:
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         k, v = k.detach(), v.detach()
-        self.blocks[layer].append((k, v, torch.zeros_like(k), torch.zeros_like(v)))
+        wide = torch.promote_types(k.dtype, torch.float32)  # the gradients of many later chunks add up here
+        self.blocks[layer].append((k, v, torch.zeros_like(k, dtype=wide), torch.zeros_like(v, dtype=wide)))
 
     def before(self, layer: int, chunk: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         return self.blocks[layer][:chunk]
 
     def grads(self, layer: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _, _, dk, dv = self.blocks[layer][chunk]
-        return dk, dv
+        """The summed gradient of chunk ``chunk``'s K and V, in their dtype."""
+        k, v, dk, dv = self.blocks[layer][chunk]
+        return dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _stacked(blocks: list, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import torch
 
+from ..cost import RUNTIME_HEAD_CHUNK_BYTES
+
 __all__ = ["head_cross_entropy", "chunk_tokens", "CHUNK_BYTES", "LossHead", "loss_head"]
 
-CHUNK_BYTES = 1 << 28
+CHUNK_BYTES = RUNTIME_HEAD_CHUNK_BYTES
 
 
 def chunk_tokens(vocab: int) -> int:

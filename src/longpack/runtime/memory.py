@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 __all__ = ["ActivationMeter", "allocator_peak", "predicted_bytes"]
 
@@ -38,8 +39,8 @@ class ActivationMeter:
         self.static: set[int] = set()  # storages of parameters: saved by every matmul, but not activations
 
     def _hold(self, t: torch.Tensor) -> None:
-        if t.device.type != "cpu" or not t.is_floating_point():
-            return
+        if isinstance(t, FakeTensor) or t.device.type != "cpu" or not t.is_floating_point():
+            return  # a dry run's fake tensors hold no storage (runtime/dry_run.py measures them)
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key in self.static:

@@ -82,13 +82,13 @@ def check_checkpoint_dir(checkpoint_dir: str | None, resuming: bool, now: dict[s
                              f"has {value!r}; resume with the same --{flag} (only --steps may change)")
 
 
-def check_model_dir(path: str | Path) -> None:
-    """Refuse a ``--model-path`` that is not a folder written by ``save_pretrained``: no config.json, or no weight
-    files (*.safetensors, *.bin) beside it."""
+def check_model_dir(path: str | Path, weights: bool = True) -> None:
+    """Refuse a ``--model-path`` that is not a folder written by ``save_pretrained``: no config.json, or (unless
+    ``weights`` is False: a dry run reads the config alone) no weight files (*.safetensors, *.bin) beside it."""
     p = Path(path)
     files = {f.name for f in p.iterdir()} if p.is_dir() else set()
     if "config.json" not in files:
         raise ValueError(f"--model-path {path}: no config.json there; give a folder written by save_pretrained")
-    if not any(f.endswith((".safetensors", ".bin")) for f in files):
+    if weights and not any(f.endswith((".safetensors", ".bin")) for f in files):
         raise ValueError(f"--model-path {path}: no weights there (*.safetensors or *.bin); give a folder written "
                          "by save_pretrained")

@@ -18,7 +18,7 @@ from .evaluate import Evaluation
 from .step import check_step
 from .train_args import TrainArgs, check_layout
 
-__all__ = ["load_source", "model_spec", "plan_stream", "build_plan", "held_out"]
+__all__ = ["load_source", "model_spec", "plan_stream", "build_plan", "held_out", "zero_stage"]
 
 
 def load_source(args: TrainArgs, vocab: int) -> Source:
@@ -41,12 +41,20 @@ def model_spec(args: TrainArgs) -> ModelSpec:
     return spec_of(AutoConfig.from_pretrained(args.model_path, local_files_only=True))
 
 
+def zero_stage(args: TrainArgs, world: int) -> int:
+    """The sharding the run executes: 3 under FSDP2 per layer (runtime/parallelize.PassSync), 1 under FSDP2 on
+    pipeline stages (gathered once per step: whole weights and gradients, sharded AdamW state), 0 unsharded."""
+    if not args.fsdp or world // args.pp < 2:
+        return 0
+    return 3 if args.pp == 1 else 1
+
+
 def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
                 note: Any = jobs.say) -> tuple[PlanStream, CostModel]:
     """The run's plan as a stream (its header now, each step when asked), which every rank makes identically (same
     inputs, same seed), and its cost model; ``note``: where notes for the user go (one process says them)."""
-    world = check_layout(args, world)
-    run = replace(args.run, dp=world // args.run.cp, pp=args.pp)
+    ranks = check_layout(args, world)
+    run = replace(args.run, dp=ranks // args.run.cp, pp=args.pp, zero_stage=zero_stage(args, world))
     spec = spec or model_spec(args)
     if args.data is not None:
         source = source if source is not None else load_source(args, spec.vocab)
@@ -54,7 +62,7 @@ def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec:
         run = replace(run, workload=None, lengths_file=args.data)
     else:
         lengths, default_max_len = jobs.load_workload(run)
-    cost = jobs.build_cost(run, spec)
+    cost = jobs.build_cost(run, spec, runtime=True)
     try:
         return jobs.plan_stream(args.planner, lengths, run, cost, default_max_len, note=note), cost
     except ValueError as exc:  # a sample named by its row in the user's file

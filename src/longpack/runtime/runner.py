@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..plan import MicroBatch
 from . import varlen
@@ -43,9 +44,11 @@ def model_device(model: Any) -> torch.device:
 def prepare(mb: MicroBatch, source: Source, effective_length: Callable[[int], int],
             weigh: Callable[[Packed], torch.Tensor], device: torch.device,
             pieces: list[tuple[int, int, int]] | None = None) -> Packed:
-    """``mb`` (or this rank's ``pieces`` of it) as tensors on ``device``, each target weighed by ``weigh``."""
-    batch = collate(mb, source, effective_length, pieces=pieces)
-    batch.weights = weigh(batch)
+    """``mb`` (or this rank's ``pieces`` of it) as tensors on ``device``, each target weighed by ``weigh``. The host
+    work runs on real tensors even under a fake-tensor dry run (runtime/dry_run.py)."""
+    with unset_fake_temporarily():
+        batch = collate(mb, source, effective_length, pieces=pieces)
+        batch.weights = weigh(batch)
     return batch.to(device)
 
 

@@ -47,11 +47,13 @@ class ShardedKVStore:
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         k, v = k.detach(), v.detach()
-        self.blocks[layer].append((k, v, torch.zeros_like(k), torch.zeros_like(v)))
+        wide = torch.promote_types(k.dtype, torch.float32)  # the gradients of many later chunks add up here
+        self.blocks[layer].append((k, v, torch.zeros_like(k, dtype=wide), torch.zeros_like(v, dtype=wide)))
 
     def grads(self, layer: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _, _, dk, dv = self.blocks[layer][chunk]
-        return dk, dv
+        """The summed gradient of chunk ``chunk``'s K and V, in their dtype."""
+        k, v, dk, dv = self.blocks[layer][chunk]
+        return dk.to(k.dtype), dv.to(v.dtype)
 
     def _totals(self, chunk: int) -> list[int]:
         return [sum(self.sizes[c][r] for c in range(chunk)) for r in range(self.cp)]

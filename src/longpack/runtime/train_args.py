@@ -53,6 +53,7 @@ class TrainArgs:
     pp: int = 1
     plan_ahead: int = 4
     data_content: str | None = None  # the rows' digest (rows.TokenRows.digest), set once they are loaded
+    dry_run: bool = False  # fake tensors, the model's config alone (runtime/dry_run.py)
 
     def __post_init__(self) -> None:
         if not self.lr >= 0:
@@ -124,6 +125,6 @@ def check_layout(args: TrainArgs, world: int) -> int:
     if args.model_path is not None:
         from .preflight import check_model_dir
 
-        check_model_dir(args.model_path)
+        check_model_dir(args.model_path, weights=not args.dry_run)
     return ranks
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import blockwise
 
@@ -71,8 +72,9 @@ class Seqs:
 
 
 def uses_flash(t: torch.Tensor) -> bool:
-    """Whether ``t`` takes the FlashAttention varlen kernels (a CUDA tensor in bf16 / fp16)."""
-    return t.is_cuda and t.dtype in _HALF
+    """Whether ``t`` takes the FlashAttention varlen kernels: a CUDA tensor in bf16 / fp16, or a fake one in a
+    dry run (runtime/dry_run.py: the kernels' fake implementations give the GPU's shapes on a 'cpu' mesh)."""
+    return t.dtype in _HALF and (t.is_cuda or isinstance(t, FakeTensor))
 
 
 def _check_device(q: torch.Tensor) -> None:

@@ -1,0 +1,184 @@
+"""`longpack train --dry-run`: the user's command, model config, data and hardware, run for a few steps on fake
+tensors, each rank's memory peak beside the cost model's prediction and the device's capacity — before anyone
+rents a GPU.
+
+One process plays each rank in turn: a fake process group of the run's world size
+(``dist.init_process_group("fake")``, collectives that move nothing), the model built on ``meta`` from its config
+alone (no weights are read, so a 72B dry-runs on a laptop-class CPU), sharded as the run shards it (FSDP2 per
+layer, runtime/parallelize.py) and materialised with ``to_empty`` under ``FakeTensorMode`` — tensors with shapes,
+dtypes and devices but no storage. The rank then runs the run's own steps (runtime/train_step.run_step: its plan,
+its micro-batches, chains, CP shares, checkpointing, the chunked loss) and AdamW's step, while torch's
+``FSDPMemTracker`` (``MemTracker`` without FSDP) counts every tensor the rank would hold: parameters and their
+gathered copies, gradients, optimizer state, activations and temporaries. A step's peak includes the optimizer
+state from step 1 on (AdamW creates it in step 0's update).
+
+FSDP2 on a CPU-only torch build shards over a 'cpu' mesh standing for the GPUs; the bytes are the same (the
+device kernels' outputs have the same shapes). Not counted: the CUDA caching allocator's fragmentation and the
+NCCL / cuBLAS workspaces — the cost model's fragmentation factor and reserve, reported apart.
+
+The prediction is the cost model's bytes for the rank's largest micro-batch (runtime/step_log.rank_prediction) as
+allocated: static state plus activations, without the fragmentation margin and reserve the planner sizes its
+token caps with.
+
+Cost: per rank and step, one Python call per operator (seconds to a minute for a 7B; nothing scales with the
+tokens but the head's chunks).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .run_plan import build_plan, load_source, model_spec
+from .step_log import rank_prediction
+from .train_args import TrainArgs
+
+__all__ = ["dry_run", "parse_ranks"]
+
+
+def parse_ranks(text: str, world: int) -> list[int]:
+    """``all`` or comma-separated ranks, each in [0, world); one clear line otherwise."""
+    if text == "all":
+        return list(range(world))
+    try:
+        ranks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--dry-run-ranks {text!r}: give 'all' or ranks like 0,3,7") from None
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad or not ranks:
+        raise ValueError(f"--dry-run-ranks {text!r}: ranks must lie in 0..{world - 1} (the run's processes)")
+    return ranks
+
+
+@contextmanager
+def _fake_world(rank: int, world: int):  # noqa: ANN202
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _meta_model(args: TrainArgs, spec: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The run's model on ``meta``, from its config alone."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .engine import ATTN, register
+    from .hf_model import _config
+
+    register()
+    config = AutoConfig.from_pretrained(args.model_path, local_files_only=True) if args.model_path else _config(spec)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN, dtype=dtype)
+
+
+def _pass_tracker() -> Any:
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class PassTracker(FSDPMemTracker):
+        """torch's FSDP2 tracker over steps of many passes: it keeps per-module statistics of one forward per
+        iteration and refuses a second root forward; only its device totals are read here, so the per-module
+        statistics restart at every root forward (its private hook, wrapped)."""
+
+        def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:  # type: ignore[override]
+            inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+
+            def pre(*args: Any, **kwargs: Any) -> Any:
+                if fsdp_mod is self._root_mod and not self._mod_tracker.is_bw:
+                    self.memory_tracking.clear()
+                return inner(*args, **kwargs)
+
+            return pre
+
+    return PassTracker
+
+
+def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: Any, cost: Any, steps: int,
+          ) -> list[dict[str, Any]]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from .context_parallel import CPGroups
+    from .dist import DistContext
+    from .head_loss import loss_head
+    from .hf_model import check_supported
+    from .parallelize import PassSync, parallelize
+    from .train import DTYPES
+    from .train_step import run_step
+
+    dtype = DTYPES[args.dtype]
+    fsdp = args.fsdp and world > 1
+    device = torch.device("cpu")
+    out = []
+    with _fake_world(rank, world):
+        model = _meta_model(args, spec, torch.float32 if fsdp and dtype == torch.bfloat16 else dtype)
+        check_supported(model, max((plan.effective_length(s) for s in plan.lengths), default=1))
+        loss_head(model)
+        if fsdp:
+            parallelize(model, world, device, dtype)
+        groups = CPGroups.build(set(), world, timeout=args.timeout)
+        sync = PassSync(model, device) if fsdp else None
+        ctx = DistContext(rank=rank, world=world, device=device)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device=device)
+            model.train()
+            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+            for p in model.parameters():  # AdamW's state made up front, so that every step holds it
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            tracker = _pass_tracker()(mod=model, optm=opt) if fsdp else MemTracker()
+            if not fsdp:
+                tracker.track_external(model, opt)
+            for step in range(min(steps, len(plan.steps))):
+                t0 = time.perf_counter()
+                mbs = plan.steps[step].replicas[plan.steps[step].position(rank)[0]].micro_batches
+                with tracker:
+                    run_step(model, plan, step, mbs, source, ctx, groups, args.loss, sync)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                peak = max(tracker.get_tracker_snapshot("peak")[device]["Total"], 0)
+                predicted = rank_prediction(plan, step, rank, cost, activations_only=False)
+                out.append({"step": step, "rank": rank, "peak_bytes": int(peak), "predicted_bytes": int(predicted),
+                            "capacity_bytes": int(cost.hw.memory_bytes), "seconds": time.perf_counter() - t0})
+    return out
+
+
+def dry_run(args: TrainArgs, world: int, steps: int = 2, ranks: str = "all") -> dict[str, Any]:
+    """Run ``steps`` steps of the command's plan on fake tensors for each of ``ranks`` (see the module docstring);
+    returns {"dry_run": [per step and rank: peak, predicted and capacity bytes], "world", "hardware", "model"} and
+    prints a line per step and rank (unless --json)."""
+    if args.pp > 1:
+        raise ValueError(f"--dry-run with --pp {args.pp}: the dry run plays data and context parallel ranks only; "
+                         "drop --pp")
+    chosen = parse_ranks(ranks, world)
+    spec = model_spec(args)
+    source = load_source(args, spec.vocab)
+    plan, cost = build_plan(args, world, source=source, spec=spec)
+    # the prediction of what is allocated (as the tracker counts, and CUDA's max_memory_allocated): without the
+    # fragmentation margin the planner sizes caps with; the capacity is the device's whole memory
+    cost = type(cost)(cost.model, replace(cost.hw, fragmentation=1.0),
+                      replace(cost.cfg, act_bytes=2 if args.dtype == "bfloat16" else 4))
+    rows: list[dict[str, Any]] = []
+    for rank in chosen:
+        for rec in _rank(args, world, rank, plan, source, spec, cost, steps):
+            rows.append(rec)
+            if not args.json_log:
+                print(_line(rec), flush=True)
+    return {"dry_run": rows, "world": world, "hardware": cost.hw.name, "model": spec.name,
+            "static_bytes": cost.static_bytes, "zero_stage": cost.cfg.zero_stage}
+
+
+def _line(rec: dict[str, Any]) -> str:
+    g = 2**30
+    peak, pred, cap = rec["peak_bytes"] / g, rec["predicted_bytes"] / g, rec["capacity_bytes"] / g
+    ratio = f"{pred / peak:.2f}x of the peak" if peak else "no peak"
+    return (f"dry run  step {rec['step']:3d}  rank {rec['rank']:3d}  peak {peak:7.2f} GiB  predicted {pred:7.2f} GiB "
+            f"({ratio})  capacity {cap:.0f} GiB ({peak / cap:.0%} used)  {rec['seconds']:.1f} s")
