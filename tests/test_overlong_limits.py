@@ -54,3 +54,22 @@ def test_hbp_keeps_a_configured_token_cap():
     assert {s.token_cap for s in plan.steps} == {256}
     with pytest.raises(ValueError, match="fits --token-cap 256 tokens per rank"):
         get_planner("hbp").plan(lengths, global_batches(8, 8), PlanContext(cost=cost))
+
+
+def test_samples_beyond_the_models_positions_are_refused_unless_rope_scaling_covers_them():
+    transformers = pytest.importorskip("transformers")
+    from longpack.runtime.hf_model import check_supported
+
+    def model(**kw):
+        cfg = transformers.Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                       **kw)
+        return transformers.AutoModelForCausalLM.from_config(cfg)
+
+    check_supported(model(), 64)
+    with pytest.raises(ValueError, match="a sample of 65 tokens is longer than the 64 positions .* cap --max-len at"):
+        check_supported(model(), 65)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    check_supported(model(rope_scaling=yarn), 128)  # 32 x 4
+    with pytest.raises(ValueError, match="longer than the 128 positions"):
+        check_supported(model(rope_scaling=yarn), 129)

@@ -417,9 +417,10 @@ def train(planner: PlannerName = "unified",
           epochs: Annotated[int, typer.Option(min=1, help="Passes over the rows, each a new permutation (seeded "
                                               "by --seed and the epoch) planned as global batches of its own; "
                                               "--steps counts over all of them.")] = 1,
-          token_cap: Annotated[int, typer.Option("--token-cap", "--bucket-size", min=1,
-                                                 help="Token cap per rank per micro-batch. (--bucket-size: "
-                                                      "deprecated alias.)")] = 4096,
+          token_cap: Annotated[int, typer.Option("--token-cap", "--bucket-size", min=0,
+                                                 help="Token cap per rank per micro-batch; 0: the most the "
+                                                      "--hardware memory takes at each checkpointing, from the "
+                                                      "cost model. (--bucket-size: deprecated alias.)")] = 4096,
           max_len: MaxLen = None, overlong: Overlong = "split", opt: Opt = None,
           lr: Annotated[float, typer.Option(help="AdamW learning rate (the peak, with a schedule).")] = 1e-3,
           lr_scheduler: Annotated[str, typer.Option(help="constant, linear or cosine (decay to --min-lr over the "
@@ -490,7 +491,7 @@ def train(planner: PlannerName = "unified",
         workload, lengths = None, None  # the rows' own lengths are planned
     run = jobs.RunSpec(workload=workload, lengths_file=lengths, column=column, samples=samples, model=model,
                        hardware=hardware, cp=cp, global_batch=global_batch, steps=steps, seed=seed,
-                       token_cap=token_cap, max_len=max_len, overlong=overlong, options=_options(opt),
+                       token_cap=token_cap or None, max_len=max_len, overlong=overlong, options=_options(opt),
                        ckpt_layers=ckpt_layers, epochs=epochs)
     args = TrainArgs(planner=planner, run=run, lr=lr, lr_scheduler=lr_scheduler, warmup_steps=warmup_steps,
                      warmup_ratio=warmup_ratio, min_lr=min_lr, max_grad_norm=max_grad_norm,

@@ -15,7 +15,8 @@ one sample (other, whole documents may share those micro-batches: ChunkFlow fill
    complete only after every later chunk's backward, hence descending order.
 
 Memory: at most K chunks of activations plus the store (2 · layers · S · kv_heads · head_dim numbers, and as many
-fp32 gradient accumulators). Time: one extra forward per recomputed chunk. Exact: the same sums in a different
+fp32 gradient accumulators); a chunk's entries leave the store after its backward, so the backward of chunk i holds
+the store of chunks ≤ i only. Time: one extra forward per recomputed chunk. Exact: the same sums in a different
 order (float64 parity tests).
 """
 
@@ -58,6 +59,11 @@ class KVStore:
         k, v, dk, dv = self.blocks[layer][chunk]
         return dk.to(k.dtype), dv.to(v.dtype)
 
+    def drop(self, chunk: int) -> None:
+        """Forget chunks ``chunk`` and later (their backward is done: no chunk reads them again)."""
+        for blocks in self.blocks:
+            del blocks[chunk:]
+
 
 def _stacked(blocks: list, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[the stored blocks' keys | own keys] and the same for values."""
@@ -86,6 +92,7 @@ class _WithPrefix(torch.autograd.Function):
             acc_k.add_(dk[at:at + n])
             acc_v.add_(dv[at:at + n])
             at += n
+        ctx.blocks = None  # the graph may outlive this backward; the store's blocks must not (KVStore.drop)
         return dq, dk[at:], dv[at:], None, None
 
 
@@ -166,4 +173,6 @@ def drive_chain(model: Any, mbs: list[MicroBatch], batches: list[Packed], make_p
                 tensors += [k, v]
                 grads += [dk, dv]
         torch.autograd.backward(tensors, grads)
+        store.drop(i)  # chunk i's K/V and gradient accumulators: no longer read
+        del loss, attend, tensors, grads  # nothing of chunk i outlives its backward (the next may recompute)
     return loss_sum, sum(b.tokens for b in batches), sum(b.targets for b in batches)

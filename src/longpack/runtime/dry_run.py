@@ -16,9 +16,9 @@ FSDP2 on a CPU-only torch build shards over a 'cpu' mesh standing for the GPUs; 
 device kernels' outputs have the same shapes). Not counted: the CUDA caching allocator's fragmentation and the
 NCCL / cuBLAS workspaces — the cost model's fragmentation factor and reserve, reported apart.
 
-The prediction is the cost model's bytes for the rank's largest micro-batch (runtime/step_log.rank_prediction) as
-allocated: static state plus activations, without the fragmentation margin and reserve the planner sizes its
-token caps with.
+The prediction is the simulator's peak for the rank in that step (sim/memory.py: static state, the micro-batch's
+activations, what unfinished chunk chains keep and their K/V store) as allocated: without the fragmentation margin
+and reserve the planner sizes its token caps with.
 
 Cost: per rank and step, one Python call per operator (seconds to a minute for a 7B; nothing scales with the
 tokens but the head's chunks).
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..sim.simulate import simulate_step
 from .run_plan import build_plan, load_source, model_spec
-from .step_log import rank_prediction
 from .train_args import TrainArgs
 
 __all__ = ["dry_run", "parse_ranks"]
@@ -79,14 +79,14 @@ def _meta_model(args: TrainArgs, spec: Any, dtype: torch.dtype) -> torch.nn.Modu
         return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN, dtype=dtype)
 
 
-def _pass_tracker() -> Any:
+def _pass_tracker(fsdp: bool) -> Any:
+    """torch's memory tracker (FSDPMemTracker under FSDP2) over steps of many passes. The trackers keep per-module
+    statistics of one forward per iteration and refuse a second root forward; only their device totals are read
+    here, so the per-module statistics restart at every root forward (their private pre-forward hooks, wrapped)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
 
-    class PassTracker(FSDPMemTracker):
-        """torch's FSDP2 tracker over steps of many passes: it keeps per-module statistics of one forward per
-        iteration and refuses a second root forward; only its device totals are read here, so the per-module
-        statistics restart at every root forward (its private hook, wrapped)."""
-
+    class PassFSDPTracker(FSDPMemTracker):
         def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:  # type: ignore[override]
             inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
 
@@ -97,13 +97,20 @@ def _pass_tracker() -> Any:
 
             return pre
 
-    return PassTracker
+    class PassTracker(MemTracker):
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:  # type: ignore[override]
+            name = self._mod_tracker.get_known_fqn(module)
+            if (module in self.memory_tracking and not self._mod_tracker.is_bw
+                    and set(self._mod_tracker.parents) - {name} == {"Global"}):
+                self.memory_tracking.clear()
+            super()._pre_fw_hook(module, inputs)
+
+    return PassFSDPTracker if fsdp else PassTracker
 
 
 def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: Any, cost: Any, steps: int,
           ) -> list[dict[str, Any]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     from .context_parallel import CPGroups
     from .dist import DistContext
@@ -134,7 +141,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
                 p.grad = torch.zeros_like(p)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            tracker = _pass_tracker()(mod=model, optm=opt) if fsdp else MemTracker()
+            tracker = _pass_tracker(True)(mod=model, optm=opt) if fsdp else _pass_tracker(False)()
             if not fsdp:
                 tracker.track_external(model, opt)
             for step in range(min(steps, len(plan.steps))):
@@ -145,7 +152,8 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 peak = max(tracker.get_tracker_snapshot("peak")[device]["Total"], 0)
-                predicted = rank_prediction(plan, step, rank, cost, activations_only=False)
+                predicted = simulate_step(step, plan.steps[step], plan, cost, bound=False).peak_mem_bytes[rank]
+                predicted -= cost.hw.reserve_gib * 2**30
                 out.append({"step": step, "rank": rank, "peak_bytes": int(peak), "predicted_bytes": int(predicted),
                             "capacity_bytes": int(cost.hw.memory_bytes), "seconds": time.perf_counter() - t0})
     return out

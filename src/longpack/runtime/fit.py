@@ -4,9 +4,10 @@ Per parameter, with ``p`` bytes for a stored parameter (8 float64, else 4: bf16 
 ``c`` bytes at compute precision:
 
 * without FSDP: the parameter, its gradient and AdamW's two moments, ``4 · p``, on every process;
-* with FSDP2 over ``world`` ranks: the shards, ``4 · p / world``, plus the whole parameters and gradients that live
-  through a step (runtime/parallelize.py gathers once per step), ``c + max(c, 4)`` (bf16 gradients accumulate in
-  fp32).
+* with FSDP2 over ``world`` ranks: the shards, ``4 · p / world``, plus what is gathered: per layer
+  (runtime/parallelize.PassSync) the root (embeddings, head) at compute precision with its gradient, and two
+  decoder layers; on pipeline stages (gathered once per step) the whole parameters and gradients, ``c + max(c, 4)``
+  per parameter (bf16 gradients accumulate in fp32).
 
 The need is compared with what the device has: the GPU's total memory, or on the CPU the host's available memory
 shared by the processes launched on it. Activations are the plan's business (its token cap); this is the floor
@@ -22,13 +23,16 @@ from ..model import ModelSpec
 __all__ = ["static_need", "available_bytes", "check_fits"]
 
 
-def static_need(spec: ModelSpec, *, world: int, fsdp: bool, dtype: torch.dtype) -> float:
+def static_need(spec: ModelSpec, *, world: int, fsdp: bool, dtype: torch.dtype, per_layer: bool = True) -> float:
     """Bytes one process needs for weights, gradients and AdamW state (see the module docstring)."""
     params = float(spec.total_params)
     stored = 8 if dtype == torch.float64 else (2 if dtype == torch.bfloat16 and not fsdp else 4)
     if not fsdp or world == 1:
         return params * 4 * stored
     compute = dtype.itemsize
+    if per_layer:
+        gathered = spec.embedding_params + 2 * spec.layer_params()
+        return params * 4 * stored / world + gathered * (compute + max(compute, 4))
     return params * (4 * stored / world + compute + max(compute, 4))
 
 
@@ -47,9 +51,10 @@ def available_bytes(device: torch.device) -> float:
 
 
 def check_fits(spec: ModelSpec, *, world: int, local: int, fsdp: bool, dtype: torch.dtype,
-               device: torch.device) -> None:
-    """Raise ValueError (one line) when the static state of ``local`` processes on this device cannot fit."""
-    need = static_need(spec, world=world, fsdp=fsdp, dtype=dtype)
+               device: torch.device, per_layer: bool = True) -> None:
+    """Raise ValueError (one line) when the static state of ``local`` processes on this device cannot fit
+    (``per_layer``: FSDP2 gathers per layer, else once per step, as on pipeline stages)."""
+    need = static_need(spec, world=world, fsdp=fsdp, dtype=dtype, per_layer=per_layer)
     share = local if device.type == "cpu" else 1
     have = available_bytes(device)
     if need * share > have:

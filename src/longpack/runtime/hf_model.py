@@ -22,7 +22,7 @@ import torch
 from ..model import ModelSpec
 from .engine import ATTN, decoder_layers, register
 
-__all__ = ["load", "build", "preload", "spec_of", "save", "check_supported", "TOKENIZER_FILES"]
+__all__ = ["load", "build", "preload", "spec_of", "save", "check_supported", "positions", "TOKENIZER_FILES"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
@@ -94,6 +94,20 @@ def spec_of(config: Any) -> ModelSpec:
                      tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
 
 
+def positions(cfg: Any) -> int | None:
+    """The longest sequence ``cfg``'s RoPE covers: ``max_position_embeddings``, or with a ``rope_scaling`` factor
+    (linear, dynamic, yarn, longrope, llama3) its original length times the factor, whichever is larger; None when
+    the config says nothing."""
+    n = getattr(cfg, "max_position_embeddings", None)
+    scaling = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if factor:
+        base = scaling.get("original_max_position_embeddings") or n
+        if base:
+            n = max(n or 0, int(base * float(factor)))
+    return int(n) if n else None
+
+
 def check_supported(model: Any, longest: int) -> None:
     """Refuse (ValueError, one line) a model the longpack attention would not run exactly."""
     cfg = model.config
@@ -101,6 +115,12 @@ def check_supported(model: Any, longest: int) -> None:
     if window is not None and getattr(cfg, "use_sliding_window", True) and longest > window:
         raise ValueError(f"model {cfg.model_type}: sliding_window={window} is shorter than the longest sample "
                          f"({longest} tokens); the longpack attention is full causal: cap --max-len at {window}")
+    covered = positions(cfg)
+    if covered is not None and longest > covered:
+        raise ValueError(f"model {cfg.model_type}: a sample of {longest} tokens is longer than the "
+                         f"{covered} positions the model was trained for (max_position_embeddings, times its "
+                         f"rope_scaling factor if any); cap --max-len at {covered}, or give a config whose "
+                         "rope_scaling covers it")
     layers = decoder_layers(model)
     if not layers or not all(hasattr(getattr(layer, "self_attn", None), "layer_idx") for layer in layers):
         raise ValueError(f"model {cfg.model_type}: its decoder layers do not expose self_attn.layer_idx; the "

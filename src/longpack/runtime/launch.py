@@ -55,7 +55,8 @@ def launch(args: TrainArgs, nproc: int) -> None:
     # fail fast in the parent with a clear message, before allocating or spawning anything
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = model_spec(args)
-    check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device)
+    check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device,
+               per_layer=args.pp == 1)
     stream, _ = plan_stream(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
     if args.eval_data:
         held_out(args, nproc, spec)  # the held-out rows read and planned: their errors before spawning

@@ -55,6 +55,11 @@ class ShardedKVStore:
         k, v, dk, dv = self.blocks[layer][chunk]
         return dk.to(k.dtype), dv.to(v.dtype)
 
+    def drop(self, chunk: int) -> None:
+        """Forget chunks ``chunk`` and later (their backward is done: no chunk reads them again)."""
+        for blocks in self.blocks:
+            del blocks[chunk:]
+
     def _totals(self, chunk: int) -> list[int]:
         return [sum(self.sizes[c][r] for c in range(chunk)) for r in range(self.cp)]
 

@@ -62,7 +62,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     spec = model_spec(args)
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-               fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device)
+               fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device, per_layer=args.pp == 1)
     source = load_source(args, spec.vocab)
     if hasattr(source, "digest") and args.checkpoint_dir:  # what a checkpoint records, and a resume compares
         args = replace(args, data_content=source.digest())
@@ -209,8 +209,22 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
     dtype = DTYPES[args.dtype]
     sharded_bf16 = dtype == torch.bfloat16 and _fsdp(args, ctx)
     param_dtype = torch.float32 if sharded_bf16 else dtype  # FSDP2 keeps fp32 shards and computes in bf16
+    longest = max((plan.effective_length(s) for s in plan.lengths), default=1)
+    if args.model_path and _fsdp(args, ctx) and args.pp == 1:  # each rank reads its shards only
+        from .head_loss import loss_head
+        from .parallelize import parallelize
+        from .shard_load import load_shards, meta_model, restore_buffers
+
+        model = meta_model(args.model_path, param_dtype)
+        check_supported(model, longest)
+        loss_head(model)
+        parallelize(model, ctx.world, ctx.device, dtype)
+        model.to_empty(device=ctx.device)
+        load_shards(model, args.model_path)
+        restore_buffers(model)
+        return model.train()
     model = load(args.model_path, param_dtype) if args.model_path else build(spec, args.run.seed, param_dtype)
-    check_supported(model, max((plan.effective_length(s) for s in plan.lengths), default=1))
+    check_supported(model, longest)
     if args.pp > 1:
         from .pipeline import split_model
 

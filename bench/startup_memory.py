@@ -1,0 +1,114 @@
+"""Host memory at start-up: 4 ranks starting a ~0.5B checkpoint under FSDP2, sharded start-up against loading it
+whole on every rank.
+
+    python bench/startup_memory.py [--ranks 4] [--write]
+
+A Qwen2.5-0.5B-shaped checkpoint (random weights, bf16 safetensors, written once to /tmp) is started by ``--ranks``
+gloo processes as `longpack train` starts it with FSDP2:
+
+* sharded — the model built on ``meta``, sharded, each rank reading its rows of every weight from the
+  safetensors (runtime/shard_load.py);
+* whole — ``from_pretrained`` in fp32 on every rank, then sharded (the start-up before sharded loading).
+
+Per rank, the peak resident set (``VmHWM``) and the resident set before the model (imports done), read from
+/proc; the table sums them over ranks beside one fp32 copy of the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from _report import write_section
+
+CKPT = Path("/tmp/longpack-bench-qwen0.5b")
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def checkpoint() -> Path:
+    if (CKPT / "model.safetensors").is_file():
+        return CKPT
+    import torch
+
+    from longpack.model import get_model
+    from longpack.runtime.hf_model import build
+
+    model = build(get_model("qwen2.5-0.5b"), 0, torch.bfloat16)
+    model.save_pretrained(CKPT)
+    return CKPT
+
+
+def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
+    import json
+
+    import torch
+
+    from longpack.runtime.dist import init_distributed
+    from longpack.runtime.parallelize import parallelize
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    import transformers  # noqa: F401  (imports counted in the baseline, as in a run)
+
+    before = _status("VmRSS")
+    cpu = torch.device("cpu")
+    if mode == "sharded":
+        from longpack.runtime.shard_load import load_shards, meta_model, restore_buffers
+
+        model = parallelize(meta_model(CKPT, torch.float32), world, cpu, torch.bfloat16)
+        model.to_empty(device=cpu)
+        load_shards(model, CKPT)
+        restore_buffers(model)
+    else:
+        from longpack.runtime.hf_model import load
+
+        model = parallelize(load(CKPT, torch.float32), world, cpu, torch.bfloat16)
+    Path(out, f"{mode}-{rank}.json").write_text(json.dumps({"before": before, "peak": _status("VmHWM")}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def main() -> None:
+    import json
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from longpack.model import get_model
+    from longpack.runtime.dist import free_port
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    checkpoint()
+    fp32 = get_model("qwen2.5-0.5b").total_params * 4
+    g = 2**30
+    rows = []
+    with tempfile.TemporaryDirectory() as out:
+        for mode in ("whole", "sharded"):
+            mp.spawn(rank_main, args=(args.ranks, free_port(), mode, out), nprocs=args.ranks)
+            recs = [json.loads(Path(out, f"{mode}-{r}.json").read_text()) for r in range(args.ranks)]
+            peak, base = sum(r["peak"] for r in recs), sum(r["before"] for r in recs)
+            rows.append(f"| {mode} | {peak / g:.2f} GiB | {base / g:.2f} GiB | {(peak - base) / g:.2f} GiB | "
+                        f"{peak / fp32:.2f}x | {(peak - base) / fp32:.2f}x |")
+            print(rows[-1], flush=True)
+    body = (f"{args.ranks} gloo ranks start Qwen2.5-0.5B ({get_model('qwen2.5-0.5b').total_params / 1e9:.2f}B "
+            f"parameters; one fp32 copy {fp32 / g:.2f} GiB) from bf16 safetensors:\n\n| start-up | peak RSS, sum "
+            "over ranks | RSS before the model (imports) | peak above that | peak / fp32 copy | above / fp32 copy |"
+            "\n|---|---|---|---|---|---|\n" + "\n".join(rows))
+    if args.write:
+        write_section("startup_memory", "Host memory at start-up (sharded loading)",
+                      f"python bench/startup_memory.py --ranks {args.ranks} --write", body)
+
+
+if __name__ == "__main__":
+    main()
