@@ -36,7 +36,7 @@ def command(name: str, ranks: list[int] | None) -> list[str]:
     model, workload, world, max_len, _ = CONFIGS[name]
     cmd = ["train", "--model", model, "--workload", workload, "--samples", str(SAMPLES), "--global-batch",
            str(BATCH), "--max-len", str(max_len), "--nproc", str(world), "--hardware", "h100", "--dtype",
-           "bfloat16", "--planner", "unified", "--dry-run"]
+           "bfloat16", "--planner", "unified", "--token-cap", "0", "--dry-run"]
     return cmd + (["--dry-run-ranks", ",".join(map(str, ranks))] if ranks else [])
 
 
@@ -73,9 +73,12 @@ def main() -> None:
     ap.add_argument("--configs", default="7b-32k,7b-64k,7b-128k,72b-32k")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--rows", help="a file of table rows this script printed: write them (no dry runs)")
     args = ap.parse_args()
     g, rows = 2**30, []
-    for name in args.configs.split(","):
+    if args.rows:
+        rows = [line.rstrip() for line in open(args.rows) if line.startswith("| ") and line.count("|") == 7]
+    for name in [] if args.rows else args.configs.split(","):
         world, ranks = CONFIGS[name][2], CONFIGS[name][4]
         ranks = ranks or list(range(world))
         groups = [ranks[i::args.jobs] for i in range(args.jobs) if ranks[i::args.jobs]]

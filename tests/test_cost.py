@@ -137,3 +137,31 @@ def test_config_validation_names_the_field():
         TrainConfig(cp=0)
     with pytest.raises(ValueError, match="--pp 5: must divide"):
         make_cost(pp=5)
+
+
+def test_runtime_pricing_shards_per_layer_and_counts_the_store_accumulators():
+    """``runtime`` prices longpack's own runtime: ZeRO-3 leaves each rank 16 B per parameter over the ranks plus
+    what is gathered (far below the gather-once runtime's whole bf16 weights and fp32 gradients); the chain store
+    carries fp32 gradient accumulators beside its bf16 K/V; no logits are held per token."""
+    from longpack.cost import CostModel, TrainConfig
+    from longpack.hardware import get_hardware
+    from longpack.model import get_model
+
+    spec, hw = get_model("qwen2.5-72b"), get_hardware("h100")
+    ideal = CostModel(spec, hw, TrainConfig(dp=32, zero_stage=3))
+    real = CostModel(spec, hw, TrainConfig(dp=32, zero_stage=3, runtime=True))
+    p = ideal.stage_params
+    assert ideal.static_bytes == pytest.approx(16 * p / 32)
+    gathered = real.static_bytes - 16 * p / 32
+    assert 2 * spec.embedding_params < gathered < 2 * spec.embedding_params + 10 * spec.layer_params() + 8 * (
+        spec.vocab * spec.hidden) + 2**30
+    assert real.static_bytes < 0.2 * (6 * p)  # the gather-once runtime held 6 B per parameter whole: 406 GiB
+    assert real.kv_store_bytes(1000.0) == pytest.approx(ideal.kv_store_bytes(1000.0) * (2 + 4) / 2)
+    # the chunked head holds no logits: the bytes per token do not grow with the vocabulary
+    from dataclasses import replace
+
+    wide = CostModel(replace(spec, vocab=2 * spec.vocab), hw, real.cfg)
+    for k in (0, spec.layers):
+        assert wide.act_bytes_per_token(k) == real.act_bytes_per_token(k)
+        assert CostModel(replace(spec, vocab=2 * spec.vocab), hw, ideal.cfg).act_bytes_per_token(k) > \
+            ideal.act_bytes_per_token(k)

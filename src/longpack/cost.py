@@ -20,7 +20,10 @@ attention work of ``pairs`` (query, key) pairs split into blocks of ``q`` querie
 Memory (per rank): ``static + fragmentation · α(k) · tokens + reserve (+ stored K/V of chunk chains)``.
 ``static`` = bf16 weights + bf16 grads + fp32 master/Adam moments (2 + 2 + 12 bytes/param) sharded by ZeRO stage
 over the dp·cp group; ``α(k)`` = bytes per token of activations with k checkpointed layers; the token cap
-(Skrull's BucketSize, App. C.1) is the largest token count that fits.
+(Skrull's BucketSize, App. C.1) is the largest token count that fits. These are the papers' systems' figures (fused
+kernels, whole logits); ``TrainConfig.runtime`` prices longpack's own runtime instead — transformers' eager layers,
+the chunked head loss, FSDP2's per-layer gathering, the chain store's fp32 gradient accumulators — as
+`longpack train --dry-run` counts it on fake tensors (docs/BENCHMARKS.md, "Memory at scale").
 
 Communication: a sharded sequence's K/V is all-gathered over the CP group in forward, again in backward (and in
 recompute), and its gradient reduce-scattered, per layer; each collective costs

@@ -15,8 +15,8 @@ one sample (other, whole documents may share those micro-batches: ChunkFlow fill
    complete only after every later chunk's backward, hence descending order.
 
 Memory: at most K chunks of activations plus the store (2 · layers · S · kv_heads · head_dim numbers, and as many
-fp32 gradient accumulators); a chunk's entries leave the store after its backward, so the backward of chunk i holds
-the store of chunks ≤ i only. Time: one extra forward per recomputed chunk. Exact: the same sums in a different
+fp32 gradient accumulators); a chunk's entries leave the store when its backward starts (its summed gradients kept
+in the K/V dtype), so the backward of chunk i holds the store of chunks < i only, as the simulator prices it. Time: one extra forward per recomputed chunk. Exact: the same sums in a different
 order (float64 parity tests).
 """
 
@@ -159,6 +159,10 @@ def drive_chain(model: Any, mbs: list[MicroBatch], batches: list[Packed], make_p
         if not mb.recompute:
             kept[i] = (loss, attend)
     for i in range(len(mbs) - 1, -1, -1):
+        # what later chunks sent to this chunk's keys and values (their backward is done), in the K/V dtype; then
+        # the chunk leaves the store: no chunk reads it again, and a recomputed chunk makes its K/V anew
+        sent = {layer: store.grads(layer, i) for layer in range(len(store.blocks))} if i < len(mbs) - 1 else {}
+        store.drop(i)
         if i in kept:
             loss, attend = kept.pop(i)
         else:  # recompute: the same forward again, now recording the graph
@@ -167,12 +171,9 @@ def drive_chain(model: Any, mbs: list[MicroBatch], batches: list[Packed], make_p
             loss = forward_loss(model, batches[i], attend, mbs[i].ckpt_layers)
         clock.take("B")
         tensors, grads = [loss], [torch.ones_like(loss)]
-        if i < len(mbs) - 1:  # later chunks sent gradients to this chunk's keys and values: inject them
-            for layer, (k, v) in sorted(attend.own.items()):
-                dk, dv = store.grads(layer, i)
-                tensors += [k, v]
-                grads += [dk, dv]
+        for layer, (k, v) in sorted(attend.own.items()) if sent else ():  # inject them
+            tensors += [k, v]
+            grads += list(sent[layer])
         torch.autograd.backward(tensors, grads)
-        store.drop(i)  # chunk i's K/V and gradient accumulators: no longer read
-        del loss, attend, tensors, grads  # nothing of chunk i outlives its backward (the next may recompute)
+        del loss, attend, tensors, grads, sent  # nothing of chunk i outlives its backward (the next may recompute)
     return loss_sum, sum(b.tokens for b in batches), sum(b.targets for b in batches)
