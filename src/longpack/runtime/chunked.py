@@ -16,8 +16,8 @@ one sample (other, whole documents may share those micro-batches: ChunkFlow fill
 
 Memory: at most K chunks of activations plus the store (2 · layers · S · kv_heads · head_dim numbers, and as many
 fp32 gradient accumulators); a chunk's entries leave the store when its backward starts (its summed gradients kept
-in the K/V dtype), so the backward of chunk i holds the store of chunks < i only, as the simulator prices it. Time: one extra forward per recomputed chunk. Exact: the same sums in a different
-order (float64 parity tests).
+in the K/V dtype), so the backward of chunk i holds the store of chunks < i only, as the simulator prices it. Time:
+one extra forward per recomputed chunk. Exact: the same sums in a different order (float64 parity tests).
 """
 
 from __future__ import annotations
