@@ -68,6 +68,13 @@ def static_table() -> str:
     return "\n".join(lines)
 
 
+def versions() -> str:
+    import torch
+    import transformers
+
+    return f"torch {torch.__version__}, transformers {transformers.__version__}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="7b-32k,7b-64k,7b-128k,72b-32k")
@@ -92,7 +99,8 @@ def main() -> None:
             rows.append(f"| {name} | {r['rank']} | {r['peak_bytes'] / g:.1f} | {r['predicted_bytes'] / g:.1f} | "
                         f"{ratio:.2f} | {r['peak_bytes'] / r['capacity_bytes']:.0%} |")
             print(rows[-1], flush=True)
-    body = ("Per rank, step 0 (`longpack " + " ".join(command("7b-32k", None)) + "` and its siblings: see the "
+    body = (f"{versions()}. Per rank, step 0 (`longpack " + " ".join(command("7b-32k", None))
+            + "` and its siblings: see the "
             "script's CONFIGS):\n\n| config | rank | dry-run peak (GiB) | predicted (GiB) | predicted / peak | "
             "peak / 80 GiB |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\nStatic bytes per rank:\n\n"
             + static_table())

@@ -76,6 +76,13 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def versions() -> str:
+    import torch
+    import transformers
+
+    return f"torch {torch.__version__}, transformers {transformers.__version__}"
+
+
 def main() -> None:
     import json
     import tempfile
@@ -101,10 +108,14 @@ def main() -> None:
             rows.append(f"| {mode} | {peak / g:.2f} GiB | {base / g:.2f} GiB | {(peak - base) / g:.2f} GiB | "
                         f"{peak / fp32:.2f}x | {(peak - base) / fp32:.2f}x |")
             print(rows[-1], flush=True)
-    body = (f"{args.ranks} gloo ranks start Qwen2.5-0.5B ({get_model('qwen2.5-0.5b').total_params / 1e9:.2f}B "
+    params = get_model("qwen2.5-0.5b").total_params / 1e9
+    body = (f"{versions()}. {args.ranks} gloo ranks start Qwen2.5-0.5B ({params:.2f}B "
             f"parameters; one fp32 copy {fp32 / g:.2f} GiB) from bf16 safetensors:\n\n| start-up | peak RSS, sum "
             "over ranks | RSS before the model (imports) | peak above that | peak / fp32 copy | above / fp32 copy |"
-            "\n|---|---|---|---|---|---|\n" + "\n".join(rows))
+            "\n|---|---|---|---|---|---|\n" + "\n".join(rows)
+            + "\n\nAbove the interpreters (python, torch, transformers: "
+            "~290 MiB a rank) a sharded rank holds its fp32 shard and the model's classes (~90 MiB); the whole "
+            "start-up held an fp32 copy per rank, and its transient copies, before sharding.")
     if args.write:
         write_section("startup_memory", "Host memory at start-up (sharded loading)",
                       f"python bench/startup_memory.py --ranks {args.ranks} --write", body)
