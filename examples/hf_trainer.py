@@ -31,7 +31,8 @@ def main() -> None:
     args = ap.parse_args()
 
     config = transformers.LlamaConfig(vocab_size=1024, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                                      attn_implementation="sdpa")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
 

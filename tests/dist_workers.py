@@ -274,8 +274,10 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
 def sync_rows(plan) -> str:
     """Every rank's row of step 0's pass schedule, joined."""
     from longpack.runtime.passes import merge, replica_passes
+    from longpack.runtime.step import chain_segments
 
-    return "".join(merge([replica_passes(plan, r.micro_batches) for r in plan.steps[0].replicas]))
+    reps = [r.micro_batches for r in plan.steps[0].replicas]
+    return "".join(merge([replica_passes(mbs, chain_segments(plan, mbs)) for mbs in reps]))
 
 
 def sharded_chain_plan(k: int | None = None, chunk: int = 32, cp: int = 2, dp: int = 1, ckpt: int = 0):

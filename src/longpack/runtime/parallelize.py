@@ -31,6 +31,7 @@ from . import varlen
 from .engine import decoder_layers, forward_logits
 from .passes import Clock, merge, replica_passes
 from .runner import empty_loss
+from .step import chain_segments
 
 __all__ = ["parallelize", "PassSync", "StepSync", "fsdp_modules"]
 
@@ -70,7 +71,8 @@ class PassSync:
     def begin(self, plan: Any, step: int, rank: int) -> Clock:
         """This rank's clock over ``step``'s pass schedule (every replica's passes, merged)."""
         st = plan.steps[step]
-        rows = merge([replica_passes(plan, rep.micro_batches) for rep in st.replicas])
+        rows = merge([replica_passes(rep.micro_batches, chain_segments(plan, rep.micro_batches))
+                      for rep in st.replicas])
         self.clock = Clock(rows[st.position(rank)[0]], lambda: empty_loss(self.model, self.device))
         return self.clock
 

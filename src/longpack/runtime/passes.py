@@ -25,16 +25,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..plan import MicroBatch, Plan
+from ..plan import MicroBatch
 
 __all__ = ["replica_passes", "merge", "Clock", "NO_CLOCK"]
 
 
-def replica_passes(plan: Plan, mbs: tuple[MicroBatch, ...]) -> str:
-    """The F/B string of a replica's micro-batches (see the module docstring)."""
-    from .step import chain_segments  # the runtime's own walk of the chains
-
-    chains = chain_segments(plan, mbs)
+def replica_passes(mbs: tuple[MicroBatch, ...], chains: dict[int, tuple[int, int]]) -> str:
+    """The F/B string of a replica's micro-batches whose chunk chains are ``chains`` ({first index: (last index,
+    sample)}, runtime/step.chain_segments: the runtime's own walk of them); see the module docstring."""
     out: list[str] = []
     i = 0
     while i < len(mbs):
