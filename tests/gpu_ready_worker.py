@@ -23,6 +23,7 @@ from longpack.model import ModelSpec  # noqa: E402
 from longpack.plan import MicroBatch, Piece, Plan, Replica, Step  # noqa: E402
 from longpack.runtime.context_parallel import CPGroups  # noqa: E402
 from longpack.runtime.data import SyntheticCorpus  # noqa: E402
+from longpack.runtime.dist import leave  # noqa: E402
 from longpack.runtime.hf_model import build  # noqa: E402
 from longpack.runtime.step import run_micro_batches  # noqa: E402
 
@@ -179,6 +180,7 @@ def main(names: list[str]) -> None:
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         out[name] = {"violations": check.violations[:20], "error": error, "counts": dict(check.counts)}
     print(json.dumps(out))
+    leave()  # no interpreter teardown: a thread torch left joinable there aborts the process now and then
 
 
 if __name__ == "__main__":
