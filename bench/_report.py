@@ -19,6 +19,14 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}")
 
 
+def versions() -> str:
+    """torch's and transformers' versions, for a section whose figures depend on them."""
+    import torch
+    import transformers
+
+    return f"torch {torch.__version__}, transformers {transformers.__version__}"
+
+
 def write_section(name: str, title: str, command: str, body: str) -> None:
     """Replace (or append) the section ``name`` of docs/BENCHMARKS.md."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"

@@ -20,7 +20,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from _report import write_section
+from _report import versions, write_section
 
 CONFIGS = {  # name: (model, workload, world, max_len, ranks played; None: all)
     "7b-32k": ("qwen2.5-7b", "lmsys-chat-1m", 8, 32768, None),
@@ -66,13 +66,6 @@ def static_table() -> str:
         lines.append(f"| {name} | {world} | {held / g:.1f} GiB | {before.static_bytes / g:.1f} GiB | "
                      f"{after.static_bytes / g:.1f} GiB |")
     return "\n".join(lines)
-
-
-def versions() -> str:
-    import torch
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 def main() -> None:

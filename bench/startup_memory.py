@@ -20,7 +20,7 @@ import argparse
 import os
 from pathlib import Path
 
-from _report import write_section
+from _report import versions, write_section
 
 CKPT = Path("/tmp/longpack-bench-qwen0.5b")
 
@@ -61,9 +61,12 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     before = _status("VmRSS")
     cpu = torch.device("cpu")
     if mode == "sharded":
+        from longpack.model import get_model
+        from longpack.runtime.hf_model import config_of
         from longpack.runtime.shard_load import load_shards, meta_model, restore_buffers
 
-        model = parallelize(meta_model(CKPT, torch.float32), world, cpu, torch.bfloat16)
+        config = config_of(get_model("qwen2.5-0.5b"), CKPT)
+        model = parallelize(meta_model(config, torch.float32), world, cpu, torch.bfloat16)
         model.to_empty(device=cpu)
         load_shards(model, CKPT)
         restore_buffers(model)
@@ -74,13 +77,6 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     Path(out, f"{mode}-{rank}.json").write_text(json.dumps({"before": before, "peak": _status("VmHWM")}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-
-
-def versions() -> str:
-    import torch
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 def main() -> None:

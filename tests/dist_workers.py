@@ -408,13 +408,14 @@ __all__ = ["pipeline_worker", "sharded_chain_plan", "sharded_chain_worker",
 def shard_load_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
     """Rank ``rank`` starts the checkpoint at ``path`` as `longpack train` does under FSDP2 (meta model, sharded,
     each rank reading its rows: runtime/shard_load.py); rank 0 saves the gathered weights and RoPE buffers."""
+    from longpack.runtime.hf_model import config_of
     from longpack.runtime.parallelize import parallelize
     from longpack.runtime.shard_load import load_shards, meta_model, restore_buffers
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     init_distributed("cpu")
-    model = parallelize(meta_model(path, torch.float32), world, torch.device("cpu"), torch.float32)
+    model = parallelize(meta_model(config_of(SPEC, path), torch.float32), world, torch.device("cpu"), torch.float32)
     model.to_empty(device=torch.device("cpu"))
     load_shards(model, path)
     restore_buffers(model)

@@ -509,19 +509,7 @@ def train(planner: PlannerName = "unified",
     check_layout(args, world)
     from .runtime.failure import one_line
     if dry_run:
-        from .runtime.dry_run import dry_run as run_dry
-        from .runtime.dry_run import parse_ranks
-
-        if "WORLD_SIZE" in os.environ:
-            raise ValueError("--dry-run runs in one process: start it without torchrun, with --nproc N for the "
-                             "world it plays")
-        parse_ranks(dry_run_ranks, world)
-        try:
-            result = run_dry(args, world, dry_run_steps, dry_run_ranks)
-        except Exception as exc:  # noqa: BLE001  (one line, as a run's own error)
-            raise ValueError(f"--dry-run: {one_line(exc)}") from None
-        if json_out:
-            print(json.dumps(result))
+        _dry_run(args, world, dry_run_steps, dry_run_ranks, json_out)
         return
     from .runtime.launch import launch
     from .runtime.train import train as run_train
@@ -534,6 +522,25 @@ def train(planner: PlannerName = "unified",
     except Exception as exc:  # noqa: BLE001  (this rank's error, one line; under torchrun each rank says its own)
         rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
         raise ValueError(f"{rank}{one_line(exc)}") from None
+
+
+def _dry_run(args: Any, world: int, steps: int, ranks: str, json_out: bool) -> None:
+    """`longpack train --dry-run` (runtime/dry_run.py), in this one process; its errors in one line."""
+    import os
+
+    from .runtime.dry_run import dry_run, parse_ranks
+    from .runtime.failure import one_line
+
+    if "WORLD_SIZE" in os.environ:
+        raise ValueError("--dry-run runs in one process: start it without torchrun, with --nproc N for the world it "
+                         "plays")
+    parse_ranks(ranks, world)
+    try:
+        result = dry_run(args, world, steps, ranks)
+    except Exception as exc:  # noqa: BLE001  (one line, as a run's own error)
+        raise ValueError(f"--dry-run: {one_line(exc)}") from None
+    if json_out:
+        print(json.dumps(result))
 
 
 @reproduce_app.command("hbp")

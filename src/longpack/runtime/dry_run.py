@@ -66,19 +66,6 @@ def _fake_world(rank: int, world: int):  # noqa: ANN202
         dist.destroy_process_group()
 
 
-def _meta_model(args: TrainArgs, spec: Any, dtype: torch.dtype) -> torch.nn.Module:
-    """The run's model on ``meta``, from its config alone."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .engine import ATTN, register
-    from .hf_model import _config
-
-    register()
-    config = AutoConfig.from_pretrained(args.model_path, local_files_only=True) if args.model_path else _config(spec)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN, dtype=dtype)
-
-
 def _pass_tracker(fsdp: bool) -> Any:
     """torch's memory tracker (FSDPMemTracker under FSDP2) over steps of many passes. The trackers keep per-module
     statistics of one forward per iteration and refuse a second root forward; only their device totals are read
@@ -115,9 +102,10 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
     from .context_parallel import CPGroups
     from .dist import DistContext
     from .head_loss import loss_head
-    from .hf_model import check_supported
+    from .hf_model import check_supported, config_of
     from .parallelize import PassSync, parallelize
-    from .train import DTYPES
+    from .shard_load import meta_model
+    from .train import DTYPES, stored_dtype
     from .train_step import run_step
 
     dtype = DTYPES[args.dtype]
@@ -125,7 +113,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
     device = torch.device("cpu")
     out = []
     with _fake_world(rank, world):
-        model = _meta_model(args, spec, torch.float32 if fsdp and dtype == torch.bfloat16 else dtype)
+        model = meta_model(config_of(spec, args.model_path), stored_dtype(dtype, fsdp))
         check_supported(model, max((plan.effective_length(s) for s in plan.lengths), default=1))
         loss_head(model)
         if fsdp:

@@ -22,7 +22,8 @@ import torch
 from ..model import ModelSpec
 from .engine import ATTN, decoder_layers, register
 
-__all__ = ["load", "build", "preload", "spec_of", "save", "check_supported", "positions", "TOKENIZER_FILES"]
+__all__ = ["load", "build", "preload", "spec_of", "save", "check_supported", "positions", "config_of",
+           "TOKENIZER_FILES"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
@@ -56,14 +57,20 @@ def _config(spec: ModelSpec) -> Any:
                use_cache=False)
 
 
+def config_of(spec: ModelSpec, path: str | Path | None) -> Any:
+    """The run's transformers config: the checkpoint's at ``path``, or the preset ``spec``'s."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, local_files_only=True) if path else _config(spec)
+
+
 def preload(spec: ModelSpec, path: str | Path | None) -> None:
     """Import the transformers class a run will build (seconds: the slow part of building a model), so processes
     forked afterwards start with it. A config that cannot be read is left for :func:`load` to report."""
-    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True) if path else _config(spec)
+        config = config_of(spec, path)
         MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the lazy mapping imports the class's module
     except (OSError, ValueError, KeyError):
         pass

@@ -27,8 +27,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from . import varlen
-from .engine import decoder_layers, forward_logits
+from .engine import decoder_layers
 from .passes import Clock, merge, replica_passes
 from .runner import empty_loss
 from .step import chain_segments
@@ -106,14 +105,4 @@ class StepSync:
         for m in self.modules:
             m.set_requires_gradient_sync(True, recurse=False)
             m.set_reshard_after_backward(True, recurse=False)
-        one = torch.zeros(1, dtype=torch.long, device=self.device)
-        one_token = varlen.Seqs([1])
-        attend = lambda _l, q, k, v: varlen.attention(q, k, v, one_token)  # noqa: E731
-        inner = getattr(self.model, "model", None)
-        x = None
-        if inner is not None and getattr(inner, "embed_tokens", True) is None:  # a later pipeline stage
-            hf: Any = self.model  # a transformers model
-            x = torch.zeros((1, int(hf.config.hidden_size)), device=self.device,
-                            dtype=next(self.model.parameters()).dtype)
-        out = forward_logits(self.model, one, one, attend, hidden=x)
-        (out.sum() * 0.0).backward()
+        empty_loss(self.model, self.device).backward()

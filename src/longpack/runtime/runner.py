@@ -79,12 +79,17 @@ def forward_loss(model: Any, batch: Packed, attend: Any, ckpt_layers: int = 0, h
 
 
 def empty_loss(model: Any, device: torch.device) -> torch.Tensor:
-    """An empty pass (runtime/passes.py): one token through the whole model, its loss times zero, with its graph;
-    its backward adds zero to every gradient."""
+    """An empty pass (runtime/passes.py, and the closing pass of runtime/parallelize.StepSync): one token through
+    the whole model — a later pipeline stage's (no embeddings) from a zero hidden state — its loss times zero, with
+    its graph; its backward adds zero to every gradient."""
     one = torch.zeros(1, dtype=torch.long, device=device)
     seqs = varlen.Seqs([1])
     attend = lambda _l, q, k, v: varlen.attention(q, k, v, seqs)  # noqa: E731
+    hidden = None
+    if getattr(getattr(model, "model", None), "embed_tokens", True) is None:  # a later pipeline stage
+        hidden = torch.zeros((1, int(model.config.hidden_size)), device=device,
+                             dtype=next(model.parameters()).dtype)
     lm = loss_head(model)
     with _targets(lm, one, torch.zeros(1, dtype=torch.float32, device=device)):
-        out = forward_logits(model, one, one, attend)
+        out = forward_logits(model, one, one, attend, hidden=hidden)
     return out * 0.0 if lm is not None else out.sum() * 0.0

@@ -24,16 +24,14 @@ import torch
 __all__ = ["meta_model", "load_shards", "restore_buffers", "weight_files"]
 
 
-def meta_model(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The checkpoint's model class and config, on ``meta``, running the longpack attention."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def meta_model(config: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The model of a transformers ``config`` (runtime/hf_model.config_of), on ``meta``, running the longpack
+    attention."""
+    from transformers import AutoModelForCausalLM
 
     from .engine import ATTN, register
-    from .preflight import check_model_dir
 
     register()
-    check_model_dir(path)
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN, dtype=dtype)
 

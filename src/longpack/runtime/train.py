@@ -207,15 +207,15 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
     from .hf_model import build, check_supported, load
 
     dtype = DTYPES[args.dtype]
-    sharded_bf16 = dtype == torch.bfloat16 and _fsdp(args, ctx)
-    param_dtype = torch.float32 if sharded_bf16 else dtype  # FSDP2 keeps fp32 shards and computes in bf16
+    param_dtype = stored_dtype(dtype, _fsdp(args, ctx))
     longest = max((plan.effective_length(s) for s in plan.lengths), default=1)
     if args.model_path and _fsdp(args, ctx) and args.pp == 1:  # each rank reads its shards only
         from .head_loss import loss_head
+        from .hf_model import config_of
         from .parallelize import parallelize
         from .shard_load import load_shards, meta_model, restore_buffers
 
-        model = meta_model(args.model_path, param_dtype)
+        model = meta_model(config_of(spec, args.model_path), param_dtype)
         check_supported(model, longest)
         loss_head(model)
         parallelize(model, ctx.world, ctx.device, dtype)
@@ -235,6 +235,11 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
 
         parallelize(model, ctx.world, ctx.device, dtype, stages=args.pp)
     return model
+
+
+def stored_dtype(dtype: torch.dtype, sharded: bool) -> torch.dtype:
+    """The parameters' dtype for a run computing in ``dtype``: FSDP2 keeps fp32 shards and computes in bf16."""
+    return torch.float32 if sharded and dtype == torch.bfloat16 else dtype
 
 
 def _one_voice(rank: int) -> None:
