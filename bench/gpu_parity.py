@@ -86,7 +86,7 @@ def longpack_train(model_dir: Path, rows: Path, steps: int, dtype: str, nproc: i
     """One ``longpack train`` run (torchrun on GPUs, its own --nproc launcher on CPU); per-step losses."""
     cmd = ["-m", "longpack.cli", "train", "--data", str(rows), "--model-path", str(model_dir), "--planner", "unified",
            "--dtype", dtype, "--steps", str(steps), "--global-batch", str(BATCH), "--token-cap", str(cap),
-           "--lr", str(LR), "--json", *flags]
+           "--lr", str(LR), "--lr-scheduler", "constant", "--max-grad-norm", "0", "--json", *flags]
     if gpu and nproc > 1:
         cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *cmd]
     elif nproc > 1:

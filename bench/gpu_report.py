@@ -35,14 +35,23 @@ def main() -> None:
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
-    cal = json.loads((out / "calibrate.json").read_text())
-    gpu = cal.get("gpu") or "CPU (dry run)"
+    try:
+        cal = json.loads((out / "calibrate.json").read_text())
+    except (OSError, ValueError):
+        cal = {}  # the calibration stage failed: bench/gpu.sh lists it
+    import torch
+
+    gpu = cal.get("gpu") or (torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (dry run)")
     peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
     spec = get_model(args.model)
     rows = []
     for planner in ("random_padded", "bfd", "isf", "unified"):
-        log = [json.loads(x) for x in (out / f"train-{planner}.jsonl").read_text().splitlines() if x.startswith("{")]
+        path = out / f"train-{planner}.jsonl"
+        log = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")] if path.exists() else []
         steps = [r for r in log if "step" in r]
+        if not steps:
+            print(f"{planner:14s} no steps logged ({path.name}): left out")
+            continue
         run = jobs.RunSpec(workload=args.workload, samples=20000, model=args.model, hardware="h100", dp=1, cp=1,
                            global_batch=args.batch, steps=args.steps, token_cap=args.cap)
         lengths, default_max_len = jobs.load_workload(run)
@@ -67,12 +76,16 @@ def main() -> None:
                      pred))
         print(f"{planner:14s} {tok / seconds:10.0f} tokens/s  {achieved / 1e12:8.2f} TFLOP/s  "
               f"MFU {'-' if not peak else f'{100 * achieved / peak:.1f}%'}  final loss {steps[-1]['loss']:.4f}")
+    if not rows:
+        raise SystemExit("bench/gpu_report.py: no planner logged a step")
     base = rows[0][1]
-    body = (f"GPU: {gpu}; model {args.model} (random init, {cal.get('dtype')}), {args.workload}, global batch "
-            f"{args.batch}, token cap {args.cap}, {args.steps} steps (first excluded).\n\n"
-            f"Calibration fit on the GPU: rms {100 * cal['rms_relative_error']:.1f}%, max "
-            f"{100 * cal['max_relative_error']:.1f}% over {len(cal['points'])} packs.\n\n"
-            "| planner | tokens/s | vs padded | TFLOP/s | MFU | final loss | peak GiB measured | predicted |\n"
+    fit = (f"Calibration fit on the GPU: rms {100 * cal['rms_relative_error']:.1f}%, max "
+           f"{100 * cal['max_relative_error']:.1f}% over {len(cal['points'])} packs." if cal else
+           "Calibration: failed (bench/gpu.sh's stage list).")
+    body = (f"GPU: {gpu}; model {args.model} (random init, {cal.get('dtype', 'bfloat16')}), {args.workload}, "
+            f"global batch {args.batch}, token cap {args.cap}, {args.steps} steps (first excluded).\n\n"
+            f"{fit}\n\n"
+            f"| planner | tokens/s | vs {rows[0][0]} | TFLOP/s | MFU | final loss | peak GiB measured | predicted |\n"
             "|---|---|---|---|---|---|---|---|\n"
             + "\n".join(f"| {p} | {t:.0f} | {t / base:.2f}x | {a / 1e12:.2f} | "
                         f"{'-' if m is None else f'{100 * m:.1f}%'} | {loss:.4f} | {mg:.2f} | {pg:.2f} |"

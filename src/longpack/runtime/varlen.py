@@ -89,13 +89,31 @@ def _flash_ops():  # noqa: ANN202
     return torch.ops.torch_attn
 
 
+def _takes(op, name: str) -> bool:  # noqa: ANN001
+    """Whether the installed build's ``op`` has argument ``name``: the private ops' trailing arguments differ
+    between torch releases (``enable_gqa`` came in later; KV-cache arguments sit between), so every optional
+    argument is passed by name and only where the schema has it."""
+    return any(a.name == name for a in op.default._schema.arguments)
+
+
+def _flash_forward(q, k, v, cu_q, cu_k, seqs):  # noqa: ANN001, ANN202
+    op = _flash_ops()._varlen_attn
+    extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] and _takes(op, "enable_gqa") else {}
+    return op(q, k, v, cu_q, cu_k, seqs.max_q, seqs.max_k, is_causal=True, **_causal(op), **extra)
+
+
+def _causal(op) -> dict:  # noqa: ANN001
+    """Causal as the window (-1, 0) where the op takes a window; FlashAttention's causal mask is bottom-right
+    aligned either way."""
+    return {"window_size": [-1, 0]} if _takes(op, "window_size") else {}
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Seqs) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [Tq, H, D], lse [H, Tq] fp32) without autograd; q [Tq, H, D], k / v [Tk, Hkv, D]."""
     _check_device(q)
     if uses_flash(q):
         cu_q, cu_k = seqs.offsets(q.device)
-        o, lse, _ = _flash_ops()._varlen_attn(q, k, v, cu_q, cu_k, seqs.max_q, seqs.max_k, True, None, [-1, 0],
-                                              q.shape[1] != k.shape[1])
+        o, lse, _ = _flash_forward(q, k, v, cu_q, cu_k, seqs)
         return o, lse
     outs, lses, qa, ka = [], [], 0, 0
     for s, n in zip(seqs.q_lens, seqs.k_lens, strict=True):
@@ -114,8 +132,8 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if uses_flash(q):
         cu_q, cu_k = seqs.offsets(q.device)
         rng = torch.zeros(2, dtype=torch.uint64, device=q.device)  # no dropout: the kernel ignores its state
-        return _flash_ops()._varlen_attn_backward(do.contiguous(), q, k, v, o, lse, cu_q, cu_k, seqs.max_q,
-                                                  seqs.max_k, True, rng, None, [-1, 0])
+        op = _flash_ops()._varlen_attn_backward
+        return op(do.contiguous(), q, k, v, o, lse, cu_q, cu_k, seqs.max_q, seqs.max_k, True, rng, **_causal(op))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     qa, ka = 0, 0
     for s, n in zip(seqs.q_lens, seqs.k_lens, strict=True):
