@@ -199,8 +199,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Seqs) -> 
         from torch.nn.attention.varlen import varlen_attn
 
         cu_q, cu_k = seqs.offsets(q.device)
+        gqa = q.shape[1] != k.shape[1] and _takes(_flash_ops()._varlen_attn, "enable_gqa")
         return varlen_attn(q, k, v, cu_q, cu_k, seqs.max_q, seqs.max_k, window_size=(-1, 0),
-                           enable_gqa=q.shape[1] != k.shape[1])
+                           **({"enable_gqa": True} if gqa else {}))
     if seqs.square:
         return _documents_cpu(q, k, v, seqs.q_lens)
     return _Varlen.apply(q, k, v, seqs)
