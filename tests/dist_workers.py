@@ -238,11 +238,12 @@ def with_ckpt_layers(plan, layers: int):
 
 
 def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int, cap: int, options: dict,
-                ckpt: int) -> None:
-    """Step 0 of ``planner``'s plan on a dp x cp world under FSDP2 (one gather, one reduce-scatter); rank 0 saves
-    the loss and the full gradients."""
+                ckpt: int, gathers: str = "layer") -> None:
+    """Step 0 of ``planner``'s plan on a dp x cp world under FSDP2, gathered per layer and pass (``gathers``
+    "layer", ZeRO-3) or once per step ("step"); rank 0 saves the loss and the full gradients."""
     from longpack.runtime.context_parallel import CPGroups
-    from longpack.runtime.parallelize import PassSync, parallelize
+    from longpack.runtime.parallelize import PassSync, StepSync, parallelize
+    from longpack.runtime.passes import NO_CLOCK
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -253,8 +254,8 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
     groups = CPGroups.for_plan(plan, world) if step.cp > 1 else None
     c, cp_rank, group = groups.of(step, rank) if groups else (1, 0, None)
     model = parallelize(make_model(), world, torch.device("cpu"), torch.float64)
-    sync = PassSync(model, torch.device("cpu"))
-    clock = sync.begin(plan, 0, rank)
+    sync = (PassSync if gathers == "layer" else StepSync)(model, torch.device("cpu"))
+    clock = sync.begin(plan, 0, rank) or NO_CLOCK
     loss, *_ = run_micro_batches(model, plan, 0, step.replicas[step.position(rank)[0]].micro_batches,
                                  SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c,
                                  clock=clock)

@@ -2,7 +2,8 @@
 reduce-scatter per layer and backward, on one pass schedule with empty passes where a rank has less to do) gives
 the single-process unpacked loss and gradients in float64 — packed, with CP-sharded pieces, with a chunk chain,
 with checkpointed layers, and with ranks of uneven work (a chain with a recomputed chunk beside an empty
-micro-batch)."""
+micro-batch); and gathered once per step instead (``longpack train --shard step``, what ``auto`` picks when the
+whole model leaves room) on the same uneven ranks."""
 
 import pytest
 
@@ -23,6 +24,7 @@ CASES = {
     "chunk": ("chunkflow", 1, 128, {"chunk_size": 32, "k": 1}, 0),
     "ckpt": ("isf", 1, 128, {}, 1),
     "uneven_passes": ("uneven", 1, 128, {}, 0),
+    "gathered_per_step": ("uneven", 1, 128, {}, 0),  # --shard step: uneven ranks need no pass schedule
 }
 
 
@@ -30,7 +32,8 @@ CASES = {
 def test_fsdp_parity(tmp_path, case):
     planner, cp, cap, options, ckpt = CASES[case]
     out = str(tmp_path / f"{case}.pt")
-    pool.spawn(fsdp_worker, args=(2, free_port(), out, planner, cp, cap, options, ckpt), nprocs=2)
+    gathers = "step" if case == "gathered_per_step" else "layer"
+    pool.spawn(fsdp_worker, args=(2, free_port(), out, planner, cp, cap, options, ckpt, gathers), nprocs=2)
     got = torch.load(out, weights_only=False)
     # the path under test really ran: sharded pieces, chunks of a chain, checkpointed layers
     assert {"context_parallel": got["sharded"], "chunk": got["chunks"], "ckpt": got["ckpt"],

@@ -471,6 +471,10 @@ def train(planner: PlannerName = "unified",
                                                       "tensorboard is installed); default: --output-dir.")] = None,
           fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
                                              "all processes (default when more than one).")] = True,
+          shard: Annotated[str, typer.Option(help="FSDP2's gathers: step (whole weights and gradients while a step "
+                                             "runs, one all-gather and one reduce-scatter a step), layer (ZeRO-3: "
+                                             "per layer and pass) or auto (step when that takes at most a quarter "
+                                             "of the --hardware memory, else layer).")] = "auto",
           ckpt_layers: Annotated[int, typer.Option(min=0, help="Checkpointed layers the plan starts from (the "
                                                    "planner may add more per micro-batch).")] = 0,
           dry_run: Annotated[bool, typer.Option(help="Run the first steps on fake tensors in this one process "
@@ -500,7 +504,7 @@ def train(planner: PlannerName = "unified",
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
                      mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
                      overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, report_to=report_to,
-                     eval_data=eval_data, eval_every=eval_every, fsdp=fsdp, pp=pp, plan_ahead=plan_ahead,
+                     eval_data=eval_data, eval_every=eval_every, fsdp=fsdp, shard=shard, pp=pp, plan_ahead=plan_ahead,
                      dry_run=dry_run)
     world = int(os.environ.get("WORLD_SIZE", nproc))
     check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir, resume or resume_if_present)

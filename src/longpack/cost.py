@@ -227,7 +227,9 @@ class CostModel:
         a step runs: the root (embeddings, head) in bf16 from a forward to its backward, the next decoder layer
         prefetched, and the larger of the head's backward temporaries (its fp32 weight gradient, that gradient in
         bf16, three chunks of logits: runtime/head_loss.py) and a layer's backward (the layer gathered in bf16, its
-        gradient's fp32 reduce-scatter buffer)."""
+        gradient's fp32 reduce-scatter buffer). With ``runtime`` at ZeRO-1 without pipeline stages (gathered once
+        per step: runtime/parallelize.StepSync), the whole gradients accumulate in fp32 and the head's backward
+        temporaries (its weight gradient in bf16, three chunks of logits) or a layer's come on top."""
         p, n, z = self.stage_params, self.cfg.dp * self.cfg.cp, self.cfg.zero_stage
         weights, grads, optim = 2 * p, 2 * p, 12 * p
         if z >= 1:
@@ -236,13 +238,17 @@ class CostModel:
             grads /= n
         if z >= 3:
             weights /= n
-        if self.cfg.runtime and z >= 3 and n > 1:
+        if self.cfg.runtime and n > 1 and (z >= 3 or (z == 1 and self.cfg.pp == 1)):
             m, layer = self.model, self.model.layer_params() / self.cfg.tp
             chunk = RUNTIME_HEAD_CHUNK_BYTES
             if self.cfg.token_cap is not None:  # a chunk holds at most a micro-batch's tokens
                 chunk = min(chunk, 4 * m.vocab * self.cfg.token_cap)
-            head = 6.0 * m.vocab * m.hidden + 3 * chunk
-            weights += 2 * m.embedding_params / self.cfg.tp + 2 * layer + max(head, 6 * layer)
+            if z >= 3:
+                head = 6.0 * m.vocab * m.hidden + 3 * chunk
+                weights += 2 * m.embedding_params / self.cfg.tp + 2 * layer + max(head, 6 * layer)
+            else:
+                grads *= 2
+                weights += max(2.0 * m.vocab * m.hidden + 3 * chunk, 2 * layer)
         return weights + grads + optim
 
     def act_bytes_per_token(self, ckpt_layers: int | None = None) -> float:

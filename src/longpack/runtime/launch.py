@@ -15,7 +15,7 @@ from .. import jobs
 from .dist import free_port, leave
 from .failure import PeerLost, one_line, peer_lost
 from .fit import check_fits
-from .run_plan import held_out, model_spec, plan_stream
+from .run_plan import held_out, model_spec, plan_stream, zero_stage
 from .step import check_step
 from .train import DTYPES, train
 from .train_args import TrainArgs
@@ -56,7 +56,7 @@ def launch(args: TrainArgs, nproc: int) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = model_spec(args)
     check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device,
-               per_layer=args.pp == 1)
+               per_layer=zero_stage(args, nproc, spec) == 3)
     stream, _ = plan_stream(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
     if args.eval_data:
         held_out(args, nproc, spec)  # the held-out rows read and planned: their errors before spawning

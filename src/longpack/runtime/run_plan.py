@@ -41,12 +41,29 @@ def model_spec(args: TrainArgs) -> ModelSpec:
     return spec_of(AutoConfig.from_pretrained(args.model_path, local_files_only=True))
 
 
-def zero_stage(args: TrainArgs, world: int) -> int:
-    """The sharding the run executes: 3 under FSDP2 per layer (runtime/parallelize.PassSync), 1 under FSDP2 on
-    pipeline stages (gathered once per step: whole weights and gradients, sharded AdamW state), 0 unsharded."""
+def zero_stage(args: TrainArgs, world: int, spec: ModelSpec | None = None) -> int:
+    """The sharding the run executes: 0 unsharded; 3 under FSDP2 gathered per layer and pass
+    (runtime/parallelize.PassSync); 1 under FSDP2 gathered once per step (StepSync: whole weights and gradients
+    while the step runs, AdamW state sharded), which pipeline stages always use.
+
+    ``--shard auto`` gathers once per step when that static state takes at most a quarter of the ``--hardware``
+    memory, else per layer: one all-gather and one reduce-scatter per step instead of one per layer and pass
+    wherever memory allows it, and ZeRO-3 where the model would not leave the activations room. The choice
+    depends on the model's shape, the world and ``--hardware`` only, so every rank makes it alike."""
     if not args.fsdp or world // args.pp < 2:
         return 0
-    return 3 if args.pp == 1 else 1
+    if args.pp > 1 or args.shard == "step":
+        return 1
+    if args.shard == "layer":
+        return 3
+    import torch
+
+    from ..hardware import load_hardware
+    from .fit import static_need
+
+    need = static_need(spec or model_spec(args), world=world, fsdp=True, dtype=getattr(torch, args.dtype),
+                       per_layer=False)
+    return 1 if need <= load_hardware(args.run.hardware).memory_bytes / 4 else 3
 
 
 def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
@@ -54,8 +71,8 @@ def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec:
     """The run's plan as a stream (its header now, each step when asked), which every rank makes identically (same
     inputs, same seed), and its cost model; ``note``: where notes for the user go (one process says them)."""
     ranks = check_layout(args, world)
-    run = replace(args.run, dp=ranks // args.run.cp, pp=args.pp, zero_stage=zero_stage(args, world))
     spec = spec or model_spec(args)
+    run = replace(args.run, dp=ranks // args.run.cp, pp=args.pp, zero_stage=zero_stage(args, world, spec))
     if args.data is not None:
         source = source if source is not None else load_source(args, spec.vocab)
         lengths, default_max_len = source.lengths, None  # type: ignore[attr-defined]

@@ -40,7 +40,7 @@ from .metrics import MetricsLog
 from .optim import build_scheduler, clip_gradients, warmup_of
 from .output import save_output
 from .resume import fingerprint, resume
-from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream
+from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream, zero_stage
 from .step import check_step
 from .step_log import emit, memory_record
 from .train_args import TrainArgs, settings
@@ -62,7 +62,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     spec = model_spec(args)
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-               fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device, per_layer=args.pp == 1)
+               fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device,
+               per_layer=zero_stage(args, ctx.world, spec) == 3)
     source = load_source(args, spec.vocab)
     if hasattr(source, "digest") and args.checkpoint_dir:  # what a checkpoint records, and a resume compares
         args = replace(args, data_content=source.digest())
@@ -109,7 +110,8 @@ def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead,
     if _fsdp(args, ctx):
         from .parallelize import PassSync, StepSync
 
-        sync = PassSync(model, ctx.device) if args.pp == 1 else StepSync(model, ctx.device)
+        per_layer = zero_stage(args, ctx.world, spec) == 3
+        sync = PassSync(model, ctx.device) if per_layer else StepSync(model, ctx.device)
     return _Parts(model, opt, sched, PlanSampler(ahead.plan, prank, steps=len(ahead), ready=ahead.wait), pipe, sync,
                   CPGroups.build(set(), ctx.world, timeout=args.timeout) if ctx.distributed else None, prank,
                   CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize)))

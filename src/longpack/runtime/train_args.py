@@ -11,9 +11,10 @@ from typing import Any
 
 from .. import jobs
 
-__all__ = ["DTYPE_NAMES", "LOSS_MODES", "TrainArgs", "check_layout", "settings"]
+__all__ = ["DTYPE_NAMES", "LOSS_MODES", "SHARDS", "TrainArgs", "check_layout", "settings"]
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16")
+SHARDS = ("auto", "layer", "step")
 LOSS_MODES = ("token_mean", "sequence_mean")  # runtime/loss.py
 
 
@@ -34,6 +35,7 @@ class TrainArgs:
     eval_every: int = 0  # steps between held-out evaluations (0: at the end only, with eval_data)
     report_to: str = ""  # comma-separated: wandb
     fsdp: bool = True
+    shard: str = "auto"  # FSDP2 gathers: auto, layer (ZeRO-3) or step (runtime/run_plan.zero_stage)
     lr: float = 1e-3
     weight_decay: float = 0.0
     lr_scheduler: str = "constant"
@@ -68,6 +70,8 @@ class TrainArgs:
             raise ValueError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir DIR to write to")
         if (self.resume or self.resume_if_present) and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR, the folder of the run to continue")
+        if self.shard not in SHARDS:
+            raise ValueError(f"--shard {self.shard!r}: choose auto, layer or step")
         if self.pp < 1:
             raise ValueError(f"--pp {self.pp}: must be >= 1")
         if self.plan_ahead < 0:
