@@ -71,13 +71,18 @@ def test_train_cli_two_processes_json():
     steps = [x for x in lines if "step" in x]
     assert [s["step"] for s in steps] == [0, 1, 2] and all(s["tokens"] > 0 and s["loss"] > 0 for s in steps)
     assert set(steps[0]) == {"step", "loss", "tokens", "targets", "step_seconds", "planner_wait_seconds", "memory",
-                             "lr", "grad_norm"}
+                             "lr", "grad_norm", "compute_seconds"}
     # step 0 waits for the run's header and its own plan; later steps were planned while earlier ones trained
     assert steps[0]["planner_wait_seconds"] > 0 and all(s["planner_wait_seconds"] >= 0 for s in steps)
     mem = steps[0]["memory"]
     # one number per rank; a rank the plan gives no tokens (isf packs this small step into one pack) holds nothing
     assert len(mem["measured_bytes"]) == 2 and max(mem["measured_bytes"]) > 0
     assert [m > 0 for m in mem["measured_bytes"]] == [p > 0 for p in mem["predicted_bytes"]]
+    # every rank's own compute seconds in every step: a rank with tokens computes longer than one without
+    for s in steps:
+        busy = [c for c, m in zip(s["compute_seconds"], s["memory"]["measured_bytes"], strict=True) if m > 0]
+        idle = [c for c, m in zip(s["compute_seconds"], s["memory"]["measured_bytes"], strict=True) if m == 0]
+        assert len(s["compute_seconds"]) == 2 and min(busy) > 0 and all(c < min(busy) for c in idle)
     data = next(x["data"] for x in lines if "data" in x)
     assert data["dropped_samples"] == 0 and data["trained_tokens"] == data["tokens"]
     assert sum(s["tokens"] for s in steps) == data["trained_tokens"]

@@ -1,5 +1,5 @@
-"""Rank 0's step lines (:func:`emit`: text or JSON on stdout) and each step's memory, measured beside the cost
-model's prediction on every rank (:func:`memory_record`)."""
+"""Rank 0's step lines (:func:`emit`: text or JSON on stdout) and what every rank measured in a step
+(:func:`rank_record`): its memory beside the cost model's prediction, and its compute seconds."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .memory import predicted_bytes
 from .stages import pipeline_phrase
 from .train_args import TrainArgs
 
-__all__ = ["emit", "memory_record", "rank_prediction"]
+__all__ = ["emit", "rank_record", "rank_prediction"]
 
 
 def emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
@@ -55,15 +55,21 @@ def rank_prediction(plan: Plan, step: int, rank: int, cost: CostModel, activatio
     return best
 
 
-def memory_record(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float,
-            prank: int) -> dict[str, Any]:
+def rank_record(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float, prank: int,
+                compute_s: float) -> dict[str, Any]:
+    """Every rank's step, in one collective: ``memory`` (measured peak beside the prediction) and
+    ``compute_seconds``, the CPU seconds the rank's own thread spent in the step (time.thread_time: forward,
+    backward, clipping and AdamW; waiting in a collective costs none, so the slowest rank is the step's critical
+    path and the others' shortfall their idle, however busy the machine; on a GPU, the host's time launching)."""
     on_gpu = ctx.device.type == "cuda"
-    both = torch.zeros((2, ctx.world), dtype=torch.float64)
-    both[0, ctx.rank] = float(torch.cuda.max_memory_allocated(ctx.device)) if on_gpu else measured_cpu
-    both[1, ctx.rank] = rank_prediction(plan, step, prank, cost, activations_only=not on_gpu)
-    both = both.to(ctx.device)  # one collective on the device, read once
-    all_reduce_sum([both])
-    measured, predicted = both.cpu()
-    return {"what": "cuda max_memory_allocated" if on_gpu else "activations held for backward",
-            "measured_bytes": [int(x) for x in measured.tolist()],
-            "predicted_bytes": [int(x) for x in predicted.tolist()]}
+    rows = torch.zeros((3, ctx.world), dtype=torch.float64)
+    rows[0, ctx.rank] = float(torch.cuda.max_memory_allocated(ctx.device)) if on_gpu else measured_cpu
+    rows[1, ctx.rank] = rank_prediction(plan, step, prank, cost, activations_only=not on_gpu)
+    rows[2, ctx.rank] = compute_s
+    rows = rows.to(ctx.device)  # one collective on the device, read once
+    all_reduce_sum([rows])
+    measured, predicted, compute = rows.cpu()
+    return {"memory": {"what": "cuda max_memory_allocated" if on_gpu else "activations held for backward",
+                       "measured_bytes": [int(x) for x in measured.tolist()],
+                       "predicted_bytes": [int(x) for x in predicted.tolist()]},
+            "compute_seconds": [round(x, 6) for x in compute.tolist()]}

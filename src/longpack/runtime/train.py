@@ -42,7 +42,7 @@ from .output import save_output
 from .resume import fingerprint, resume
 from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream, zero_stage
 from .step import check_step
-from .step_log import emit, memory_record
+from .step_log import emit, rank_record
 from .train_args import TrainArgs, settings
 from .train_step import run_step
 
@@ -136,7 +136,7 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
     chained: set[int] = set()
     t_start = time.perf_counter()
     for step, mbs in p.sampler:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if ctx.rank == 0 and progress is None:  # from the first step this run trains (a resume's included)
             progress = Meter("train", len(ahead) - step, ("step",), "steps")
         if p.groups is not None:
@@ -153,6 +153,7 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         p.opt.step()
         p.sched.step()
         p.opt.zero_grad(set_to_none=True)
+        compute_s = time.thread_time() - c0
         read = [stats, norm.reshape(1).to(stats)]
         if evaluation is not None and (step == len(ahead) - 1 or args.eval_every and (step + 1) % args.eval_every == 0):
             read.append(evaluation.run(p.model, ctx, p.groups, args.loss, p.sync, p.pipe)[:1])
@@ -160,7 +161,7 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v), "lr": lr,
                "grad_norm": norm_v, "step_seconds": time.perf_counter() - t0,
                "planner_wait_seconds": p.sampler.waited + (header if not records else 0.0),
-               "memory": memory_record(plan, step, p.mem_cost, ctx, peak, p.prank)}
+               **rank_record(plan, step, p.mem_cost, ctx, peak, p.prank, compute_s)}
         rec.update({"eval_loss": held[0]} if held else {})
         rec.update({"pipeline": p.pipe.record(ctx.world, ctx.rank)} if p.pipe is not None else {})
         records.append(rec)
