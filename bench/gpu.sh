@@ -5,9 +5,9 @@
 # 2. the cost model calibrated on the GPU for a qwen2.5-0.5b-shaped random model in bf16, then packed (unified,
 #    TRL-style bfd, isf) and padded (random_padded) plans trained for real on the one engine, with tokens/s, MFU and
 #    measured peak memory (max_memory_allocated) beside the cost model's prediction per step (bench/gpu_report.py);
-# 3. tokens/s and MFU of `longpack train` and LongpackTrainer against transformers.Trainer with
-#    DataCollatorWithFlattening and with one row per micro-batch + gradient accumulation, on flash_attention_2 where
-#    flash_attn is installed, else sdpa, on the same rows (bench/hf_throughput.py --gpu).
+# 3. tokens/s of `longpack train` and LongpackTrainer against transformers.Trainer with DataCollatorWithFlattening
+#    and with one row per micro-batch + gradient accumulation, every arm on the same FlashAttention varlen kernel,
+#    on the same rows (bench/hf_throughput.py --gpu).
 # Results go to docs/BENCHMARKS.md with WRITE=1 (the GPU named).
 #
 #   bench/gpu.sh                 # on a machine with a CUDA GPU (the project installed, or its src/ is used)
