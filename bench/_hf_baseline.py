@@ -18,8 +18,9 @@ Every arm: AdamW, constant LR, no clipping, 1 thread per process, and one attent
 FlashAttention varlen on a GPU, batched causal SDPA per length on a CPU), fed each packed row's documents from its
 position ids and each padded row's length from its mask. No arm pays a dense mask over a packed row.
 
-Compute seconds: the CPU time of the process's own thread from a step's start to its end (time.thread_time, a
-TrainerCallback): forward, backward and AdamW; the wait in DDP's gradient all-reduce costs none.
+Step seconds and compute seconds (the CPU time of the process's own thread, time.thread_time), both from the end
+of the step before (a TrainerCallback): fetching and collating the step's rows, forward, backward and AdamW; the
+wait in DDP's gradient all-reduce costs no CPU time.
 
     torchrun --nproc-per-node N bench/_hf_baseline.py MODE MODEL_DIR ROWS.jsonl TOKENIZER_DIR BATCH CAP
 """
@@ -73,7 +74,10 @@ def register() -> None:
 
 
 class _Timer:
-    """A TrainerCallback: each optimizer step's wall seconds, and this thread's CPU seconds over it."""
+    """A TrainerCallback: each optimizer step's wall seconds, and this thread's CPU seconds over it, each from the
+    end of the step before (the first from the epoch's start): the Trainer fetches and collates a step's batches
+    before its step-begin event, while `longpack train`'s step time includes building its micro-batches' tensors
+    from the rows (runtime/step.py), so both clocks cover the same work."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
@@ -86,12 +90,14 @@ class _Timer:
         timer = self
 
         class Cb(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
+            def on_epoch_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
                 timer.t0, timer.c0 = time.perf_counter(), time.thread_time()
 
             def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003
-                timer.cpu.append(time.thread_time() - timer.c0)
-                timer.wall.append(time.perf_counter() - timer.t0)
+                t, c = time.perf_counter(), time.thread_time()
+                timer.cpu.append(c - timer.c0)
+                timer.wall.append(t - timer.t0)
+                timer.t0, timer.c0 = t, c
 
         return Cb()
 

@@ -18,11 +18,12 @@ registered ``attn_implementation``: each document causal on its own; no arm pays
 own sampler, so a step's rows differ between arms (longpack's arms share one draw of the epoch's rows into steps);
 TRL's steps are its packs (N x ``--cap`` tokens).
 
-Figures per arm: tokens/s = the epoch's tokens / the sum of the measured step times (wall); critical-path tokens/s
-= the epoch's tokens / the sum over steps of the slowest rank's compute seconds (each rank's thread CPU time in the
-step: waiting costs none, so a busy machine does not blur it); idle = 1 - (mean rank compute) / (slowest rank
-compute), summed over steps — what the other ranks' GPUs would sit idle; and for longpack's planners the same
-idle share predicted by the simulator (sim/simulate.py) for the plan the run executed.
+Figures per arm: tokens/s = the epoch's tokens / the sum of the measured step times (wall; a Trainer step from the
+end of the one before, so its batch fetching and collation count as longpack's tensor building does); critical-path
+tokens/s = the epoch's tokens / the sum over steps of the slowest rank's compute seconds (each rank's thread CPU
+time in the step: waiting costs none, so a busy machine does not blur it); idle = 1 - (mean rank compute) /
+(slowest rank compute), summed over steps — what the other ranks' GPUs would sit idle; and for longpack's planners
+the same idle share predicted by the simulator (sim/simulate.py) for the plan the run executed.
 
 On GPUs (``--gpu N``, bench/gpu.sh): a Qwen2.5-0.5B-shaped random-init checkpoint in bf16, lmsys-chat-1m lengths,
 N processes under torchrun (NCCL); the same arms but group_by_length and TRL, the kernel FlashAttention varlen.
@@ -184,10 +185,12 @@ def pair(args: argparse.Namespace) -> None:
                   flush=True)
     med = {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in got.items()}
     (lw, lc), (tw, tc) = med["longpack train --nproc 2"], med["LongpackTrainer"]
+    ratios = [a / b for (a, _), (b, _) in zip(got["longpack train --nproc 2"], got["LongpackTrainer"], strict=True)]
     body = ("| run | tokens/s (median) | critical-path tokens/s (median) | rounds (tokens/s) |\n|---|---|---|---|\n"
             + "\n".join(f"| {k} | {med[k][0]:.0f} | {med[k][1]:.0f} | {', '.join(f'{a:.0f}' for a, _ in v)} |"
                         for k, v in got.items())
-            + f"\n\nlongpack train / LongpackTrainer: {lw / tw:.2f}x tokens/s, {lc / tc:.2f}x critical path. "
+            + f"\n\nlongpack train / LongpackTrainer: {lw / tw:.3f}x tokens/s (per round {min(ratios):.2f}-"
+            f"{max(ratios):.2f}x), {lc / tc:.3f}x critical path. "
             f"{args.rows} rows ({tokens} tokens), {args.global_batch} rows a step, unified plan, token cap {args.cap},"
             " 2 processes x 1 thread, AdamW, constant LR, no clipping; `longpack train` with its defaults otherwise "
             f"(FSDP2, --shard auto); {args.pair} interleaved rounds; torch {torch.__version__}.")
