@@ -43,6 +43,20 @@ def test_a_job_whose_first_unit_is_slow_says_it_is_running_once_its_delay_has_pa
     assert len(out.getvalue().splitlines()) == 1  # the next line waits for `every`
 
 
+def test_time_left_weighs_units_by_their_cost():
+    import time
+
+    with meter("job", 2, ("cheap", "dear"), "parts", stream=io.StringIO(), weights={"cheap": 1.0, "dear": 9.0},
+               work=10.0) as m:
+        tick("cheap")
+        m.start = time.perf_counter() - 2.0  # the cheap part took 2 s: the dear one, 9 times the work, 18 s
+        assert 17.5 < m.eta() < 18.5
+    with meter("job", 2, ("cheap", "dear"), "parts", stream=io.StringIO()) as m:  # by count: 2 s for the other
+        tick("cheap")
+        m.start = time.perf_counter() - 2.0
+        assert 1.5 < m.eta() < 2.5
+
+
 def test_tick_without_a_meter_is_a_no_op_and_durations_read_well():
     tick("planned")
     assert duration(12.4) == "12 s" and duration(75) == "1 min 15 s" and duration(3 * 3600 + 120) == "3 h 02 min"

@@ -6,6 +6,8 @@ command wraps its job in :func:`meter`, naming the units it counts and how many 
 make the job shorter. Nothing is shown for the first ``after`` seconds, so quick commands print nothing extra; then,
 even before the first unit is done, stderr gets a rich progress bar (a terminal) or one line every ``every``
 seconds (a pipe, a log file), each with the elapsed time and an estimate of the time left from the rate so far.
+A job whose units differ in cost gives each unit a ``weight`` (its expected cost in any one scale): the time left is
+then the rate so far per unit of weight times the weight still to come, not per count.
 ``LONGPACK_PROGRESS=always`` shows it from the start (``after`` 0, a line per ``every`` = 0 s),
 ``LONGPACK_PROGRESS=never`` not at all.
 """
@@ -41,7 +43,8 @@ class Meter:
     docstring)."""
 
     def __init__(self, label: str, total: int, units: tuple[str, ...], noun: str, hint: str = "", *,
-                 after: float = 2.0, every: float = 15.0, stream: TextIO | None = None) -> None:
+                 after: float = 2.0, every: float = 15.0, stream: TextIO | None = None,
+                 weights: dict[str, float] | None = None, work: float | None = None) -> None:
         mode = os.environ.get("LONGPACK_PROGRESS", "")
         if mode == "always":
             after, every = 0.0, 0.0
@@ -49,6 +52,7 @@ class Meter:
         self.after, self.every, self.off = after, every, mode == "never"
         self.stream = stream or sys.stderr
         self.done = 0
+        self.weights, self.work, self.work_done = weights or {}, work, 0.0  # ``work``: the total weight expected
         self.start = time.perf_counter()
         self.last_line = -1e9
         self._bar: Any = None
@@ -56,9 +60,11 @@ class Meter:
 
     def eta(self) -> float | None:
         """Seconds left at the rate so far (None before the first tick)."""
+        spent = time.perf_counter() - self.start
+        if self.work is not None:
+            return spent / self.work_done * max(0.0, self.work - self.work_done) if self.work_done else None
         if self.done == 0:
             return None
-        spent = time.perf_counter() - self.start
         return spent / self.done * max(0, self.total - self.done)
 
     def text(self) -> str:
@@ -69,8 +75,9 @@ class Meter:
         return (f"longpack: {self.label}: {min(self.done, self.total)}/{self.total} {self.noun}, "
                 f"{duration(spent)}{rest}{hint}")
 
-    def tick(self, n: int = 1, show: bool = True) -> None:
+    def tick(self, n: int = 1, show: bool = True, unit: str | None = None) -> None:
         self.done += n
+        self.work_done += n * self.weights.get(unit, 1.0) if unit is not None else n
         if self.off or not show:
             return
         now = time.perf_counter()
@@ -118,7 +125,7 @@ def tick(unit: str, n: int = 1) -> None:
     meters = _active.get()
     for m in meters:
         if unit in m.units:
-            m.tick(n, show=m is meters[-1])
+            m.tick(n, show=m is meters[-1], unit=unit)
 
 
 @contextmanager
