@@ -103,8 +103,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
     from .dist import DistContext
     from .head_loss import loss_head
     from .hf_model import check_supported, config_of
-    from .parallelize import PassSync, StepSync, parallelize
-    from .run_plan import zero_stage
+    from .parallelize import parallelize, sync_for
     from .shard_load import meta_model
     from .train import DTYPES, stored_dtype
     from .train_step import run_step
@@ -120,8 +119,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
         if fsdp:
             parallelize(model, world, device, dtype)
         groups = CPGroups.build(set(), world, timeout=args.timeout)
-        sync = (PassSync(model, device) if zero_stage(args, world, spec) == 3 else StepSync(model, device)) if fsdp \
-            else None
+        sync = sync_for(model, device, cost.cfg.zero_stage) if fsdp else None
         ctx = DistContext(rank=rank, world=world, device=device)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device=device)

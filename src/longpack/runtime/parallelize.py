@@ -32,7 +32,7 @@ from .passes import Clock, merge, replica_passes
 from .runner import empty_loss
 from .step import chain_segments
 
-__all__ = ["parallelize", "PassSync", "StepSync", "fsdp_modules"]
+__all__ = ["parallelize", "PassSync", "StepSync", "sync_for", "fsdp_modules"]
 
 
 def parallelize(model: torch.nn.Module, world: int, device: torch.device, dtype: torch.dtype,
@@ -106,3 +106,9 @@ class StepSync:
             m.set_requires_gradient_sync(True, recurse=False)
             m.set_reshard_after_backward(True, recurse=False)
         empty_loss(self.model, self.device).backward()
+
+
+def sync_for(model: torch.nn.Module, device: torch.device, zero_stage: int) -> PassSync | StepSync:
+    """The synchronisation of the sharding the run's cost model prices (runtime/run_plan.zero_stage): per layer and
+    pass at ZeRO-3, once per step otherwise."""
+    return PassSync(model, device) if zero_stage == 3 else StepSync(model, device)

@@ -108,10 +108,9 @@ def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead,
     prank = pipe.layout.prank if pipe else ctx.rank
     sync = None
     if _fsdp(args, ctx):
-        from .parallelize import PassSync, StepSync
+        from .parallelize import sync_for
 
-        per_layer = zero_stage(args, ctx.world, spec) == 3
-        sync = PassSync(model, ctx.device) if per_layer else StepSync(model, ctx.device)
+        sync = sync_for(model, ctx.device, cost.cfg.zero_stage)
     return _Parts(model, opt, sched, PlanSampler(ahead.plan, prank, steps=len(ahead), ready=ahead.wait), pipe, sync,
                   CPGroups.build(set(), ctx.world, timeout=args.timeout) if ctx.distributed else None, prank,
                   CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.dtype].itemsize)))

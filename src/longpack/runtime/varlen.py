@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -89,10 +90,11 @@ def _flash_ops():  # noqa: ANN202
     return torch.ops.torch_attn
 
 
+@cache
 def _takes(op, name: str) -> bool:  # noqa: ANN001
     """Whether the installed build's ``op`` has argument ``name``: the private ops' trailing arguments differ
     between torch releases (``enable_gqa`` came in later; KV-cache arguments sit between), so every optional
-    argument is passed by name and only where the schema has it."""
+    argument is passed by name and only where the schema has it. Read once per op and name, not per layer."""
     return any(a.name == name for a in op.default._schema.arguments)
 
 
