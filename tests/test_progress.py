@@ -43,6 +43,22 @@ def test_a_job_whose_first_unit_is_slow_says_it_is_running_once_its_delay_has_pa
     assert len(out.getvalue().splitlines()) == 1  # the next line waits for `every`
 
 
+def test_the_first_line_comes_once_the_delay_has_passed_even_when_a_unit_ended_before_it():
+    import time
+
+    out = io.StringIO()
+    with meter("job", 4, ("run",), "runs", after=0.2, every=60.0, stream=out):
+        tick("run")  # a quick first unit, before the delay: nothing shown yet
+        assert out.getvalue() == ""
+        time.sleep(0.6)  # the second is slow: the line does not wait for it
+        assert out.getvalue().startswith("longpack: job: 1/4 runs, 0 s, about "), out.getvalue()
+    with meter("outer", 2, ("run",), "runs", after=0.2, every=60.0, stream=out):
+        out.truncate(0), out.seek(0)
+        with meter("inner", 2, ("step",), "steps", after=0.2, every=60.0, stream=out):
+            time.sleep(0.6)  # only the innermost meter speaks
+    assert out.getvalue().splitlines() == ["longpack: inner: 0/2 steps, 0 s"], out.getvalue()
+
+
 def test_time_left_weighs_units_by_their_cost():
     import time
 

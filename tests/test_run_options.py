@@ -77,6 +77,22 @@ def test_clipping_scales_to_the_norm_and_measures_without_it():
     assert float(clip_gradients([p, r], 2.5, skip=[r])) == 5.0 and r.grad.tolist() == pytest.approx([6.0])
 
 
+def test_adamw_is_the_fused_kernel_where_the_device_has_one_and_its_step_is_adamw():
+    from longpack.runtime.optim import adamw
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 2).double(), torch.nn.Linear(3, 2).double()
+    b.load_state_dict(a.state_dict())
+    fused, plain = adamw(a, 1e-2, 0.1), torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1)
+    assert fused.defaults["fused"] and not plain.defaults["fused"]  # the Trainer's default, adamw_torch_fused
+    for _ in range(3):
+        for m, o in ((a, fused), (b, plain)):
+            m(torch.ones(1, 3, dtype=torch.float64)).square().sum().backward()
+            o.step(), o.zero_grad()
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
 def test_metrics_file_and_tensorboard_events_per_step(tmp_path):
     out = tmp_path / "out"
     steps = _steps(_train("--steps", "3", "--output-dir", str(out)))

@@ -55,6 +55,7 @@ class Meter:
         self.weights, self.work, self.work_done = weights or {}, work, 0.0  # ``work``: the total weight expected
         self.start = time.perf_counter()
         self.last_line = -1e9
+        self.paused = False
         self._bar: Any = None
         self._task: Any = None
 
@@ -136,12 +137,14 @@ def meter(label: str, total: int, units: tuple[str, ...], noun: str, hint: str =
     outer = _active.get()
     if outer:
         outer[-1].close()
+        outer[-1].paused = True  # the inner meter shows until it ends
     m = Meter(label, total, units, noun, hint, **kw)
     token = _active.set(outer + (m,))
-    # a job whose first unit takes longer than ``after`` still says it is running once ``after`` has passed
+    # the first line comes once ``after`` has passed, whenever the units end: a job says it is running, and its
+    # estimate, without waiting for the next unit (which may take much longer than the first)
     first = None
     if m.after > 0 and not m.off:
-        first = threading.Timer(m.after, lambda: m.done == 0 and m.tick(0))
+        first = threading.Timer(m.after, lambda: m.last_line < 0 and m._bar is None and not m.paused and m.tick(0))
         first.daemon = True
         first.start()
     try:
@@ -151,3 +154,5 @@ def meter(label: str, total: int, units: tuple[str, ...], noun: str, hint: str =
             first.cancel()
         _active.reset(token)
         m.close()
+        if outer:
+            outer[-1].paused = False

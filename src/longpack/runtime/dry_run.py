@@ -103,6 +103,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
     from .dist import DistContext
     from .head_loss import loss_head
     from .hf_model import check_supported, config_of
+    from .optim import adamw
     from .parallelize import parallelize, sync_for
     from .shard_load import meta_model
     from .train import DTYPES, stored_dtype
@@ -124,7 +125,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device=device)
             model.train()
-            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+            opt = adamw(model, args.lr, args.weight_decay)
             for p in model.parameters():  # AdamW's state made up front, so that every step holds it
                 p.grad = torch.zeros_like(p)
             opt.step()

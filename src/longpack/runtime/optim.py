@@ -1,4 +1,8 @@
-"""The optimizer step of `longpack train` around AdamW: the learning-rate schedule and gradient clipping.
+"""The optimizer step of `longpack train`: AdamW, the learning-rate schedule and gradient clipping.
+
+* AdamW: torch's fused kernel (one kernel over every parameter of a device, FSDP2's DTensor shards included) where
+  the parameters' device has one — the Trainer's default, ``adamw_torch_fused``; else torch's default choice. The
+  update is AdamW's either way; only the order of floating-point operations differs.
 
 * Schedule: torch's own schedulers, stepped once per optimizer step. Warmup is ``LinearLR`` from 1/(w+1) of the
   rate to the rate over ``w`` steps (step 0 trains at lr/(w+1), step w at lr); then ``CosineAnnealingLR`` (to
@@ -19,9 +23,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch is imported where a scheduler is built or gradients clipped: the checks need none
     import torch
 
-__all__ = ["SCHEDULERS", "check_schedule", "build_scheduler", "warmup_of", "clip_gradients"]
+__all__ = ["SCHEDULERS", "adamw", "check_schedule", "build_scheduler", "warmup_of", "clip_gradients"]
 
 SCHEDULERS = ("constant", "linear", "cosine")
+
+
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over ``model``'s parameters, fused where every parameter's device has the fused kernel."""
+    import torch
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    params = list(model.parameters())
+    fused = bool(params) and all(p.device.type in _get_fused_kernels_supported_devices() and p.is_floating_point()
+                                 for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
 def warmup_of(total: int, steps: int, ratio: float) -> int:

@@ -37,7 +37,7 @@ from .evaluate import Evaluation
 from .failure import step_failure
 from .fit import check_fits
 from .metrics import MetricsLog
-from .optim import build_scheduler, clip_gradients, warmup_of
+from .optim import adamw, build_scheduler, clip_gradients, warmup_of
 from .output import save_output
 from .resume import fingerprint, resume
 from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream, zero_stage
@@ -102,7 +102,7 @@ def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead,
     model = _model(args, spec, ctx, ahead.plan, pipe.stage if pipe else 0)
     if pipe is not None:
         pipe.model = model
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    opt = adamw(model, args.lr, args.weight_decay)
     warmup = warmup_of(len(ahead), args.warmup_steps, args.warmup_ratio)
     sched = build_scheduler(opt, args.lr_scheduler, len(ahead), warmup, args.min_lr)
     prank = pipe.layout.prank if pipe else ctx.rank
