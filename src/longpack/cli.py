@@ -470,7 +470,8 @@ def train(planner: PlannerName = "unified",
           log_dir: Annotated[str | None, typer.Option(help="Per-step metrics.jsonl (and TensorBoard events when "
                                                       "tensorboard is installed); default: --output-dir.")] = None,
           fsdp: Annotated[bool, typer.Option(help="Shard parameters, gradients and AdamW state with FSDP2 over "
-                                             "all processes (default when more than one).")] = True,
+                                             "all processes; on one bfloat16 process, FSDP2 keeps them fp32 and "
+                                             "computes in bf16 (--no-fsdp: all bf16).")] = True,
           shard: Annotated[str, typer.Option(help="FSDP2's gathers: step (whole weights and gradients while a step "
                                              "runs, one all-gather and one reduce-scatter a step), layer (ZeRO-3: "
                                              "per layer and pass) or auto (step when that takes at most a quarter "

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..sim.simulate import simulate_step
-from .run_plan import build_plan, load_source, model_spec
+from .run_plan import build_plan, load_source, model_spec, sharded
 from .train_args import TrainArgs
 
 __all__ = ["dry_run", "parse_ranks"]
@@ -110,7 +110,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
     from .train_step import run_step
 
     dtype = DTYPES[args.dtype]
-    fsdp = args.fsdp and world > 1
+    fsdp = sharded(args, world)
     device = torch.device("cpu")
     out = []
     with _fake_world(rank, world):

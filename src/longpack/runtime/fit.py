@@ -6,8 +6,8 @@ Per parameter, with ``p`` bytes for a stored parameter (8 float64, else 4: bf16 
 * without FSDP: the parameter, its gradient and AdamW's two moments, ``4 · p``, on every process;
 * with FSDP2 over ``world`` ranks: the shards, ``4 · p / world``, plus what is gathered: per layer
   (runtime/parallelize.PassSync) the root (embeddings, head) at compute precision with its gradient, and two
-  decoder layers; on pipeline stages (gathered once per step) the whole parameters and gradients, ``c + max(c, 4)``
-  per parameter (bf16 gradients accumulate in fp32).
+  decoder layers; on pipeline stages and a single bf16 process (gathered once per step) the whole parameters and
+  gradients, ``c + max(c, 4)`` per parameter (bf16 gradients accumulate in fp32).
 
 The need is compared with what the device has: the GPU's total memory, or on the CPU the host's available memory
 shared by the processes launched on it. Activations are the plan's business (its token cap); this is the floor
@@ -27,7 +27,7 @@ def static_need(spec: ModelSpec, *, world: int, fsdp: bool, dtype: torch.dtype, 
     """Bytes one process needs for weights, gradients and AdamW state (see the module docstring)."""
     params = float(spec.total_params)
     stored = 8 if dtype == torch.float64 else (2 if dtype == torch.bfloat16 and not fsdp else 4)
-    if not fsdp or world == 1:
+    if not fsdp:
         return params * 4 * stored
     compute = dtype.itemsize
     if per_layer:

@@ -15,7 +15,7 @@ from .. import jobs
 from .dist import free_port, leave
 from .failure import PeerLost, one_line, peer_lost
 from .fit import check_fits
-from .run_plan import held_out, model_spec, plan_stream, zero_stage
+from .run_plan import held_out, model_spec, plan_stream, sharded, zero_stage
 from .step import check_step
 from .train import DTYPES, train
 from .train_args import TrainArgs
@@ -55,7 +55,7 @@ def launch(args: TrainArgs, nproc: int) -> None:
     # fail fast in the parent with a clear message, before allocating or spawning anything
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = model_spec(args)
-    check_fits(spec, world=nproc, local=nproc, fsdp=args.fsdp and nproc > 1, dtype=DTYPES[args.dtype], device=device,
+    check_fits(spec, world=nproc, local=nproc, fsdp=sharded(args, nproc), dtype=DTYPES[args.dtype], device=device,
                per_layer=zero_stage(args, nproc, spec) == 3)
     stream, _ = plan_stream(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
     if args.eval_data:

@@ -1,5 +1,6 @@
 """Sharding from outside the model: FSDP2 (``torch.distributed.fsdp.fully_shard``) over every dp·cp rank (over a
-pipeline stage's ranks under PP).
+pipeline stage's ranks under PP; on a single bfloat16 process over a group of one, for fp32 weights and AdamW state
+under bf16 compute).
 
 * :func:`parallelize` — ``fully_shard`` on each decoder layer, then on the root (embeddings, final norm, LM head),
   over a 1-D mesh of all ranks: CP ranks hold different tokens of the same parameters, so their gradients are
@@ -24,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -40,6 +42,9 @@ def parallelize(model: torch.nn.Module, world: int, device: torch.device, dtype:
     """Shard ``model`` (a transformers CausalLM, fp32 or fp64 parameters) with FSDP2 over ``world`` ranks; with
     ``stages`` pipeline stages, over the world/stages ranks of this rank's stage (a stage model of
     runtime/pipeline.py)."""
+    if world == 1 and not dist.is_initialized():  # one process: a group of one for the mesh
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
     if stages > 1:
         mesh = init_device_mesh(device.type, (stages, world // stages), mesh_dim_names=("pp", "shard"))["shard"]
     else:

@@ -41,18 +41,26 @@ def model_spec(args: TrainArgs) -> ModelSpec:
     return spec_of(AutoConfig.from_pretrained(args.model_path, local_files_only=True))
 
 
+def sharded(args: TrainArgs, world: int) -> bool:
+    """Whether the run's parameters live in FSDP2 (``--fsdp``): over every process of a pipeline stage when there
+    are two or more, and on a single bfloat16 process too, where FSDP2's mixed precision keeps the parameters,
+    their gradients and AdamW state in fp32 and computes in bf16 (a bf16 AdamW would round away updates below
+    1/256 of a weight: at fine-tuning rates, most of them)."""
+    return args.fsdp and (world // args.pp > 1 or (world == 1 and args.dtype == "bfloat16"))
+
+
 def zero_stage(args: TrainArgs, world: int, spec: ModelSpec | None = None) -> int:
     """The sharding the run executes: 0 unsharded; 3 under FSDP2 gathered per layer and pass
     (runtime/parallelize.PassSync); 1 under FSDP2 gathered once per step (StepSync: whole weights and gradients
-    while the step runs, AdamW state sharded), which pipeline stages always use.
+    while the step runs, AdamW state sharded), which pipeline stages and a single process always use.
 
     ``--shard auto`` gathers once per step when that static state takes at most a quarter of the ``--hardware``
     memory, else per layer: one all-gather and one reduce-scatter per step instead of one per layer and pass
     wherever memory allows it, and ZeRO-3 where the model would not leave the activations room. The choice
     depends on the model's shape, the world and ``--hardware`` only, so every rank makes it alike."""
-    if not args.fsdp or world // args.pp < 2:
+    if not sharded(args, world):
         return 0
-    if args.pp > 1 or args.shard == "step":
+    if world == 1 or args.pp > 1 or args.shard == "step":  # one process: nothing to shard, gathered per step
         return 1
     if args.shard == "layer":
         return 3

@@ -40,7 +40,7 @@ from .metrics import MetricsLog
 from .optim import adamw, build_scheduler, clip_gradients, warmup_of
 from .output import save_output
 from .resume import fingerprint, resume
-from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream, zero_stage
+from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
 from .step import check_step
 from .step_log import emit, rank_record
 from .train_args import TrainArgs, settings
@@ -259,8 +259,9 @@ def _one_voice(rank: int) -> None:
 
 
 def _fsdp(args: TrainArgs, ctx: DistContext) -> bool:
-    """FSDP2 runs when asked and there is more than one process per pipeline stage to shard over."""
-    return args.fsdp and ctx.world // args.pp > 1
+    """FSDP2 runs when asked and there is more than one process per pipeline stage to shard over, or one bfloat16
+    process (run_plan.sharded)."""
+    return sharded(args, ctx.world)
 
 
 def _pipeline(args: TrainArgs, spec: ModelSpec, ctx: DistContext, cost: CostModel) -> Any:
