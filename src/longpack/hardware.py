@@ -61,6 +61,9 @@ def _scaled_table(table: dict, bandwidth_scale: float) -> dict[str, tuple[tuple[
     return out
 
 
+RUNTIME_RESERVE = 0.1  # share of a device's memory a real run's plan leaves free (HardwareSpec.for_runtime)
+
+
 @dataclass(frozen=True, kw_only=True)
 class HardwareSpec:
     """One accelerator class; see the module docstring for each term."""
@@ -101,6 +104,14 @@ class HardwareSpec:
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * 2**30
+
+    def for_runtime(self) -> HardwareSpec:
+        """The spec a real run plans with: at least a tenth of the memory reserved (``RUNTIME_RESERVE``). A preset's
+        memory is the nominal capacity; the device shows a little less, and the CUDA context, NCCL's and cuBLAS's
+        workspaces and the caching allocator's slack live outside the allocated peak the cost model prices, so a
+        plan that fills all but a fixed 3 GiB of an 80 GiB GPU (allocated peaks at 90%) leaves them almost
+        nothing. Simulations of the papers' setups keep the preset's own reserve."""
+        return replace(self, reserve_gib=max(self.reserve_gib, RUNTIME_RESERVE * self.memory_gib))
 
     @overload
     def collective_s(self, kind: str, nbytes: float, *, group: int = 8) -> float: ...

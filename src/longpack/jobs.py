@@ -99,7 +99,8 @@ def build_cost(spec: RunSpec, model: ModelSpec | None = None, runtime: bool = Fa
     if spec.world is not None and spec.world != cfg.world:
         raise ValueError(f"--world {spec.world} != dp {spec.dp} x tp {spec.tp} x pp {spec.pp} x cp {spec.cp} "
                          f"= {cfg.world}; make the degrees multiply to the world size")
-    cost = CostModel(model or get_model(spec.model), load_hardware(spec.hardware), cfg)
+    hw = load_hardware(spec.hardware)
+    cost = CostModel(model or get_model(spec.model), hw.for_runtime() if runtime else hw, cfg)
     if cost.token_cap() < 1:
         raise ValueError(f"model {spec.model} on {spec.hardware}: {cost.hw.memory_gib:g} GiB per GPU leaves no room "
                          f"for activations after {cost.static_bytes / 2**30:.1f} GiB of weights and optimizer state "
