@@ -82,6 +82,7 @@ def test_reproduce_skrull_counts_the_runs_it_announces():
     from longpack.reproduce import skrull
 
     out = io.StringIO()
-    with meter("outer", skrull.runs(False), ("run",), "runs", stream=out) as m:
-        skrull.reproduce(steps=1, samples=600, sweeps=False)
-    assert m.done == skrull.runs(False)
+    for sweeps in (False, True):
+        with meter("outer", skrull.runs(sweeps), ("run", "skrull", "sweep"), "runs", stream=out) as m:
+            skrull.reproduce(steps=1, samples=600, sweeps=sweeps)
+        assert m.done == skrull.runs(sweeps)

@@ -38,14 +38,17 @@ def calibrated_cost(model: str, hardware: str, *, token_cap: int, **cfg: Any) ->
 
 
 def run_planner(name: str, lengths: np.ndarray, cost: CostModel, *, batch: int, steps: int, seed: int,
-                max_len: int | None = None, validate: bool = True, **options: Any) -> dict[str, Any]:
-    """Plan ``steps`` global batches with ``name`` and simulate them; an over-cap plan is reported as OOM."""
+                max_len: int | None = None, validate: bool = True, bounds: bool = True, unit: str = "run",
+                **options: Any) -> dict[str, Any]:
+    """Plan ``steps`` global batches with ``name`` and simulate them; an over-cap plan is reported as OOM.
+    ``bounds=False``: no per-step lower bound (its MILPs can take most of a run), so no efficiency. ``unit``: the
+    progress unit the run counts as (a meter may weigh kinds of runs by their cost)."""
     batches = global_batches(len(lengths), batch, seed=seed, steps=steps)
     plan = get_planner(name).plan(lengths, batches, PlanContext(cost=cost, seed=seed, options=options),
                                   max_len=max_len)
     if validate and options.get("rollback") != "none":
         plan.validate()
-    report = simulate(plan, cost)
-    tick("run")
+    report = simulate(plan, cost, bounds=bounds)
+    tick(unit)
     return {"step_time_s": report.mean_step_s, "oom_steps": report.oom_steps,
             "peak_mem_gib": report.peak_mem_gib, "efficiency": report.efficiency}

@@ -34,6 +34,10 @@ PAPER = {
 PAPER_TABLE3 = {"skrull_rr+rollback": 1.17, "skrull_rr-rollback": "OOM", "skrull+rollback": 1.40,
                 "skrull-rollback": "OOM"}
 TOKEN_CAP = {"qwen2.5-0.5b": 26 * K, "qwen2.5-7b": 13 * K}
+# Each kind of planner run's cost beside a Fig. 3 baseline run's (1), for the time left: Skrull's own run in a Fig. 3
+# cell of short samples (hundreds a step: planned, simulated and bounded), and a Table 3 / Fig. 4a run (times only).
+WEIGHTS = {"skrull": 19.0, "sweep": 0.15}
+SHORT = ("wikipedia-cn", "lmsys-chat-1m")
 
 
 def _layout(model: str, dataset: str) -> tuple[int, int, int]:
@@ -44,7 +48,8 @@ def _cell(model: str, dataset: str, lengths: np.ndarray, steps: int, seed: int) 
     dp, cp, bs = _layout(model, dataset)
     cost = calibrated_cost(model, "h100", token_cap=TOKEN_CAP[model], dp=dp, cp=cp)
     run: dict[str, Any] = dict(batch=dp * bs, steps=steps, seed=seed, max_len=get_workload(dataset).default_max_len)
-    res = {"skrull": run_planner("skrull", lengths, cost, **run),
+    heavy = dataset in SHORT  # hundreds of samples a step
+    res = {"skrull": run_planner("skrull", lengths, cost, unit="skrull" if heavy else "run", **run),
            "fixed_cp": run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run),
            "sorted": run_planner("sorted", lengths, cost, **run),
            "fixed_cp_packed": run_planner("fixed_cp", lengths, cost, **run),
@@ -61,7 +66,7 @@ def _cell(model: str, dataset: str, lengths: np.ndarray, steps: int, seed: int) 
 
 
 def _speedup_or_oom(name: str, lengths: np.ndarray, cost, base: float, **run: Any) -> float | str:
-    r = run_planner(name, lengths, cost, validate=False, **run)
+    r = run_planner(name, lengths, cost, validate=False, bounds=False, unit="sweep", **run)
     return "OOM" if r["oom_steps"] else base / r["step_time_s"]
 
 
@@ -69,7 +74,8 @@ def _table3(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     """0.5B, ChatQA2, DP1 x CP8, BatchSize 64, BucketSize 26K: placement strategies with and without rollback."""
     cost = calibrated_cost("qwen2.5-0.5b", "h100", token_cap=26 * K, dp=1, cp=8)
     run: dict[str, Any] = dict(batch=64, steps=steps, seed=seed)
-    base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
+    base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, bounds=False, unit="sweep",
+                           **run)["step_time_s"]
     out: dict[str, Any] = {}
     for name in ("skrull_rr", "skrull"):
         for rb, label in (("shortest", "+rollback"), ("none", "-rollback")):
@@ -86,14 +92,16 @@ def _fig4a(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
     for bs in (8, 16, 24, 32, 40, 48, 56, 64):
         # the same samples at every point: steps x 64 of them, cut into batches of bs
         run: dict[str, Any] = dict(batch=bs, steps=steps * 64 // bs, seed=seed)
-        base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
+        base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, bounds=False, unit="sweep",
+                           **run)["step_time_s"]
         by_batch[bs] = _speedup_or_oom("skrull", lengths, cost, base, **run)
     by_cap = {}
     for kb in (8, 12, 16, 20, 24, 28, 32):
         mem = calibrated_cost("qwen2.5-0.5b", "h100", token_cap=26 * K, dp=1, cp=8)
         cost = type(mem)(mem.model, mem.hw, type(mem.cfg)(dp=1, cp=8, token_cap=kb * K))
         run = dict(batch=64, steps=steps, seed=seed)
-        base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, **run)["step_time_s"]
+        base = run_planner("fixed_cp", lengths, cost, micro_batch_size=1, bounds=False, unit="sweep",
+                           **run)["step_time_s"]
         by_cap[kb * K] = _speedup_or_oom("skrull", lengths, cost, base, **run)
     return {"batch_size": by_batch, "token_cap": by_cap,
             "paper": "speedup rises with BatchSize 8->54 then saturates; rises with BucketSize 8K->32K until OOM"}
@@ -102,8 +110,13 @@ def _fig4a(lengths: np.ndarray, steps: int, seed: int) -> dict[str, Any]:
 def reproduce(*, steps: int = 16, samples: int = 50_000, seed: int = 0, sweeps: bool = True) -> dict[str, Any]:
     """All of Skrull's simulated experiments; ``steps`` global batches per configuration."""
     data = {d: generate(d, samples, seed=seed) for d in ("wikipedia-cn", "lmsys-chat-1m", "chatqa2-long-sft")}
-    with meter("reproduce skrull", runs(sweeps), ("run",), "planner runs",
-               "quicker: --steps 4 --samples 10000 --no-sweeps"):
+    n = runs(sweeps)
+    sweeps_n = n - 5 * len(PAPER)
+    with meter("reproduce skrull", n, ("run", "skrull", "sweep"), "planner runs",
+               "quicker: --steps 4 --samples 10000 --no-sweeps (--steps 2 --samples 5000 in `reproduce all`)",
+               weights=dict(WEIGHTS),
+               work=5 * len(PAPER) + sum(d in SHORT for _, d in PAPER) * (WEIGHTS["skrull"] - 1)
+               + sweeps_n * WEIGHTS["sweep"]):
         cells = [_cell(m, d, data[d], steps, seed) for m in TOKEN_CAP for d in data]
         avg = float(np.mean([c["speedup_vs_fixed_cp"] for c in cells]))
         out: dict[str, Any] = {
