@@ -192,7 +192,8 @@ def pair(args: argparse.Namespace) -> None:
             + f"\n\nlongpack train / LongpackTrainer: {lw / tw:.3f}x tokens/s (per round {min(ratios):.2f}-"
             f"{max(ratios):.2f}x), {lc / tc:.3f}x critical path. "
             f"{args.rows} rows ({tokens} tokens), {args.global_batch} rows a step, unified plan, token cap {args.cap},"
-            " 2 processes x 1 thread, AdamW, constant LR, no clipping; `longpack train` with its defaults otherwise "
+            " 2 processes x 1 thread, AdamW (fused in both), constant LR, no clipping; `longpack train` with its "
+            "defaults otherwise "
             f"(FSDP2, --shard auto); {args.pair} interleaved rounds; torch {torch.__version__}.")
     print(body)
     if args.write:
