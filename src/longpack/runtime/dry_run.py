@@ -148,6 +148,18 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
     return out
 
 
+def _quiet_torch_tools() -> None:
+    """torch's notices that do not concern the user here: a fake tensor's storage pointer read (the activation
+    meter tells parameters apart by storage; fake storages are distinct objects) and the module tracker's doubt
+    about the hierarchy (its per-module statistics are not read, :func:`_pass_tracker`), and FSDP2's notice that
+the model returns a view (its logits; never written in place)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+    warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # as in training: runtime/train._one_voice
+
+
 def dry_run(args: TrainArgs, world: int, steps: int = 2, ranks: str = "all") -> dict[str, Any]:
     """Run ``steps`` steps of the command's plan on fake tensors for each of ``ranks`` (see the module docstring);
     returns {"dry_run": [per step and rank: peak, predicted and capacity bytes], "world", "hardware", "model"} and
@@ -156,6 +168,7 @@ def dry_run(args: TrainArgs, world: int, steps: int = 2, ranks: str = "all") -> 
         raise ValueError(f"--dry-run with --pp {args.pp}: the dry run plays data and context parallel ranks only; "
                          "drop --pp")
     chosen = parse_ranks(ranks, world)
+    _quiet_torch_tools()
     spec = model_spec(args)
     source = load_source(args, spec.vocab)
     plan, cost = build_plan(args, world, source=source, spec=spec)
