@@ -143,24 +143,26 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         chained |= chained_samples(plan, step)
         if ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
-        try:
+        lr = float(p.opt.param_groups[0]["lr"])
+        try:  # every collective of the step: a peer that stops answering in any of them is said as such
             stats, peak = run_step(p.model, plan, step, mbs, source, ctx, p.groups, args.loss, p.sync, p.pipe)
+            norm = clip_gradients(p.model.parameters(), args.max_grad_norm, norm_group, skip=tied)
+            p.opt.step()
+            p.sched.step()
+            p.opt.zero_grad(set_to_none=True)
+            compute_s = time.thread_time() - c0
+            read = [stats, norm.reshape(1).to(stats)]
+            if evaluation is not None and (step == len(ahead) - 1
+                                           or args.eval_every and (step + 1) % args.eval_every == 0):
+                read.append(evaluation.run(p.model, ctx, p.groups, args.loss, p.sync, p.pipe)[:1])
+            loss_v, tokens_v, targets_v, norm_v, *held = torch.cat(read).tolist()  # the step's one device read
+            step_s = time.perf_counter() - t0
+            ranks = rank_record(plan, step, p.mem_cost, ctx, peak, p.prank, compute_s)
         except Exception as exc:
             raise step_failure(exc, step, ctx, args.timeout) from None
-        lr = float(p.opt.param_groups[0]["lr"])
-        norm = clip_gradients(p.model.parameters(), args.max_grad_norm, norm_group, skip=tied)
-        p.opt.step()
-        p.sched.step()
-        p.opt.zero_grad(set_to_none=True)
-        compute_s = time.thread_time() - c0
-        read = [stats, norm.reshape(1).to(stats)]
-        if evaluation is not None and (step == len(ahead) - 1 or args.eval_every and (step + 1) % args.eval_every == 0):
-            read.append(evaluation.run(p.model, ctx, p.groups, args.loss, p.sync, p.pipe)[:1])
-        loss_v, tokens_v, targets_v, norm_v, *held = torch.cat(read).tolist()  # the step's one read of the device
         rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v), "lr": lr,
-               "grad_norm": norm_v, "step_seconds": time.perf_counter() - t0,
-               "planner_wait_seconds": p.sampler.waited + (header if not records else 0.0),
-               **rank_record(plan, step, p.mem_cost, ctx, peak, p.prank, compute_s)}
+               "grad_norm": norm_v, "step_seconds": step_s,
+               "planner_wait_seconds": p.sampler.waited + (header if not records else 0.0), **ranks}
         rec.update({"eval_loss": held[0]} if held else {})
         rec.update({"pipeline": p.pipe.record(ctx.world, ctx.rank)} if p.pipe is not None else {})
         records.append(rec)
