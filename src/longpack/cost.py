@@ -238,7 +238,7 @@ class CostModel:
             grads /= n
         if z >= 3:
             weights /= n
-        if self.cfg.runtime and (n > 1 or z >= 1) and (z >= 3 or (z == 1 and self.cfg.pp == 1)):
+        if self.cfg.runtime and (z >= 3 or (z == 1 and self.cfg.pp == 1)):
             m, layer = self.model, self.model.layer_params() / self.cfg.tp
             chunk = RUNTIME_HEAD_CHUNK_BYTES
             if self.cfg.token_cap is not None:  # a chunk holds at most a micro-batch's tokens

@@ -114,7 +114,7 @@ def reproduce(*, steps: int = 16, samples: int = 50_000, seed: int = 0, sweeps: 
     sweeps_n = n - 5 * len(PAPER)
     with meter("reproduce skrull", n, ("run", "skrull", "sweep"), "planner runs",
                "quicker: --steps 4 --samples 10000 --no-sweeps (--steps 2 --samples 5000 in `reproduce all`)",
-               weights=dict(WEIGHTS),
+               weights=WEIGHTS,
                work=5 * len(PAPER) + sum(d in SHORT for _, d in PAPER) * (WEIGHTS["skrull"] - 1)
                + sweeps_n * WEIGHTS["sweep"]):
         cells = [_cell(m, d, data[d], steps, seed) for m in TOKEN_CAP for d in data]

@@ -152,7 +152,7 @@ def _quiet_torch_tools() -> None:
     """torch's notices that do not concern the user here: a fake tensor's storage pointer read (the activation
     meter tells parameters apart by storage; fake storages are distinct objects) and the module tracker's doubt
     about the hierarchy (its per-module statistics are not read, :func:`_pass_tracker`), and FSDP2's notice that
-the model returns a view (its logits; never written in place)."""
+    the model returns a view (its logits; never written in place)."""
     import warnings
 
     warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")

@@ -65,6 +65,8 @@ def launch(args: TrainArgs, nproc: int) -> None:
         check_step(stream.plan, 0)
     if nproc == 1:
         train(args)
+        if torch.distributed.is_initialized():  # the group of one FSDP2 ran on: closed, not left to exit's warning
+            torch.distributed.destroy_process_group()
         return
     import tempfile
 

@@ -62,7 +62,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     spec = model_spec(args)
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-               fsdp=_fsdp(args, ctx), dtype=DTYPES[args.dtype], device=ctx.device,
+               fsdp=sharded(args, ctx.world), dtype=DTYPES[args.dtype], device=ctx.device,
                per_layer=zero_stage(args, ctx.world, spec) == 3)
     source = load_source(args, spec.vocab)
     if hasattr(source, "digest") and args.checkpoint_dir:  # what a checkpoint records, and a resume compares
@@ -107,7 +107,7 @@ def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead,
     sched = build_scheduler(opt, args.lr_scheduler, len(ahead), warmup, args.min_lr)
     prank = pipe.layout.prank if pipe else ctx.rank
     sync = None
-    if _fsdp(args, ctx):
+    if sharded(args, ctx.world):
         from .parallelize import sync_for
 
         sync = sync_for(model, ctx.device, cost.cfg.zero_stage)
@@ -211,9 +211,9 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
     from .hf_model import build, check_supported, load
 
     dtype = DTYPES[args.dtype]
-    param_dtype = stored_dtype(dtype, _fsdp(args, ctx))
+    param_dtype = stored_dtype(dtype, sharded(args, ctx.world))
     longest = max((plan.effective_length(s) for s in plan.lengths), default=1)
-    if args.model_path and _fsdp(args, ctx) and args.pp == 1:  # each rank reads its shards only
+    if args.model_path and sharded(args, ctx.world) and args.pp == 1:  # each rank reads its shards only
         from .head_loss import loss_head
         from .hf_model import config_of
         from .parallelize import parallelize
@@ -234,7 +234,7 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
 
         split_model(model, stage, args.pp)
     model.to(ctx.device).train()
-    if _fsdp(args, ctx):
+    if sharded(args, ctx.world):
         from .parallelize import parallelize
 
         parallelize(model, ctx.world, ctx.device, dtype, stages=args.pp)
@@ -258,12 +258,6 @@ def _one_voice(rank: int) -> None:
     if rank != 0:
         hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-
-
-def _fsdp(args: TrainArgs, ctx: DistContext) -> bool:
-    """FSDP2 runs when asked and there is more than one process per pipeline stage to shard over, or one bfloat16
-    process (run_plan.sharded)."""
-    return sharded(args, ctx.world)
 
 
 def _pipeline(args: TrainArgs, spec: ModelSpec, ctx: DistContext, cost: CostModel) -> Any:
