@@ -3,9 +3,11 @@
     python bench/dry_run_memory.py [--configs 7b-32k,7b-64k,7b-128k,72b-32k] [--jobs 2] [--write]
 
 Each configuration is the command a user would type for 8 (or 32) H100s — Qwen2.5 shapes from their presets, the
-published length distribution of the workload (longpack.workloads), the unified planner with the token cap the
-cost model derives from 80 GiB, bf16 — run with ``--dry-run`` (runtime/dry_run.py): the first step on fake
-tensors, one process per group of ranks (``--jobs`` at once), no weights read. The table gives per rank the
+unified planner with the token cap the cost model derives from 80 GiB, bf16 — run with ``--dry-run``
+(runtime/dry_run.py): one step on fake tensors, one process per group of ranks (``--jobs`` at once), no weights
+read. The step's rows (``--lengths``, one global batch): 63 lengths drawn from the workload's published
+distribution (longpack.workloads) and one sample of exactly the configuration's length, so that a 32K, 64K or 128K
+sample is played (the published distributions rarely reach their cap in one batch). The table gives per rank the
 counted peak (FSDPMemTracker), the prediction (static state + the largest micro-batch's activations, without the
 fragmentation margin) and the peak's share of 80 GiB; and the static bytes per rank before (ZeRO-2 pricing of the
 gather-once runtime: whole bf16 weights and fp32 gradients) and after (ZeRO-3) for 7B, 32B and 72B.
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,19 +33,31 @@ CONFIGS = {  # name: (model, workload, world, max_len, ranks played; None: all)
     "7b-128k": ("qwen2.5-7b", "chatqa2-long-sft", 8, 131072, None),
     "72b-32k": ("qwen2.5-72b", "chatqa2-long-sft", 32, 32768, [0, 9, 18, 31]),
 }
-SAMPLES, BATCH = 4000, 64
+BATCH = 64
 
 
-def command(name: str, ranks: list[int] | None) -> list[str]:
-    model, workload, world, max_len, _ = CONFIGS[name]
-    cmd = ["train", "--model", model, "--workload", workload, "--samples", str(SAMPLES), "--global-batch",
-           str(BATCH), "--max-len", str(max_len), "--nproc", str(world), "--hardware", "h100", "--dtype",
-           "bfloat16", "--planner", "unified", "--token-cap", "0", "--dry-run"]
+def lengths_file(name: str, folder: str) -> str:
+    """The step's lengths (see the module docstring), one per line, in ``folder``."""
+    from longpack.workloads import generate
+
+    _, workload, _, max_len, _ = CONFIGS[name]
+    drawn = [min(int(n), max_len) for n in generate(workload, BATCH - 1, seed=0)]
+    path = os.path.join(folder, f"{name}.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(map(str, [max_len, *drawn])) + "\n")
+    return path
+
+
+def command(name: str, ranks: list[int] | None, lengths: str = "LENGTHS.txt") -> list[str]:
+    model, _, world, max_len, _ = CONFIGS[name]
+    cmd = ["train", "--model", model, "--lengths", lengths, "--global-batch", str(BATCH), "--max-len", str(max_len),
+           "--nproc", str(world), "--hardware", "h100", "--dtype", "bfloat16", "--planner", "unified", "--token-cap",
+           "0", "--dry-run"]
     return cmd + (["--dry-run-ranks", ",".join(map(str, ranks))] if ranks else [])
 
 
-def run(name: str, ranks: list[int]) -> list[dict]:
-    argv = [sys.executable, "-m", "longpack.cli", *command(name, ranks), "--json"]
+def run(name: str, ranks: list[int], lengths: str) -> list[dict]:
+    argv = [sys.executable, "-m", "longpack.cli", *command(name, ranks, lengths), "--json"]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode:
         raise SystemExit(f"{name}: {proc.stderr.strip().splitlines()[-1]}")
@@ -77,26 +93,27 @@ def main() -> None:
     args = ap.parse_args()
     g, rows = 2**30, []
     if args.rows:
-        rows = [line.rstrip() for line in open(args.rows) if line.startswith("| ") and line.count("|") == 7]
+        rows = [line.rstrip() for line in open(args.rows) if line.startswith("| ") and line.count("|") == 8]
     for name in [] if args.rows else args.configs.split(","):
         world, ranks = CONFIGS[name][2], CONFIGS[name][4]
         ranks = ranks or list(range(world))
         groups = [ranks[i::args.jobs] for i in range(args.jobs) if ranks[i::args.jobs]]
         t0 = time.time()
-        with ThreadPoolExecutor(args.jobs) as pool:
-            recs = sorted((r for part in pool.map(run, [name] * len(groups), groups) for r in part),
-                          key=lambda r: r["rank"])
+        with ThreadPoolExecutor(args.jobs) as pool, tempfile.TemporaryDirectory() as tmp:
+            lengths = lengths_file(name, tmp)
+            parts = pool.map(run, [name] * len(groups), groups, [lengths] * len(groups))
+            recs = sorted((r for part in parts for r in part), key=lambda r: r["rank"])
         print(f"{name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         for r in recs:
             ratio = r["predicted_bytes"] / r["peak_bytes"]
-            rows.append(f"| {name} | {r['rank']} | {r['peak_bytes'] / g:.1f} | {r['predicted_bytes'] / g:.1f} | "
-                        f"{ratio:.2f} | {r['peak_bytes'] / r['capacity_bytes']:.0%} |")
+            rows.append(f"| {name} | {r['rank']} | {r['longest_sample']:,} | {r['peak_bytes'] / g:.1f} | "
+                        f"{r['predicted_bytes'] / g:.1f} | {ratio:.2f} | {r['peak_bytes'] / r['capacity_bytes']:.0%} |")
             print(rows[-1], flush=True)
     body = (f"{versions()}. Per rank, step 0 (`longpack " + " ".join(command("7b-32k", None))
-            + "` and its siblings: see the "
-            "script's CONFIGS):\n\n| config | rank | dry-run peak (GiB) | predicted (GiB) | predicted / peak | "
-            "peak / 80 GiB |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\nStatic bytes per rank:\n\n"
-            + static_table())
+            + "` and its siblings: see the script's CONFIGS):\n\n| config | rank | its longest sample (tokens) | "
+            "dry-run peak (GiB) | predicted (GiB) | predicted / peak | peak / 80 GiB |\n|---|---|---|---|---|---|---|\n"
+            + "\n".join(rows)
+            + "\n\nStatic bytes per rank:\n\n" + static_table())
     print(static_table())
     if args.write:
         write_section("dry_run_memory", "Memory at scale (dry run)",

@@ -10,8 +10,11 @@ gloo processes as `longpack train` starts it with FSDP2:
   safetensors (runtime/shard_load.py);
 * whole — ``from_pretrained`` in fp32 on every rank, then sharded (the start-up before sharded loading).
 
-Per rank, the peak resident set (``VmHWM``) and the resident set before the model (imports done), read from
-/proc; the table sums them over ranks beside one fp32 copy of the model.
+Per rank, the peak resident set (``VmHWM``) and the resident set before the model (imports done, the model's
+class included), read from /proc; the table sums them over ranks beside one fp32 copy of the model. Summed RSS
+counts the shared libraries' pages (libtorch and the rest) once per rank; the host's own total is the sum of the
+proportional set sizes (``Pss`` in /proc/PID/smaps_rollup, shared pages split between the processes that map
+them), sampled every 20 ms across all ranks at once by the parent: its peak is the table's last columns.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     torch.set_num_threads(1)
     init_distributed("cpu")
     import transformers  # noqa: F401  (imports counted in the baseline, as in a run)
+    import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (the model's class: an import, not the weights)
 
     before = _status("VmRSS")
     cpu = torch.device("cpu")
@@ -79,11 +83,31 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def _pss(pid: int) -> int:
+    """Bytes of ``pid``'s proportional set size; 0 once it has gone."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def spawn_sampled(fn, args: tuple, nprocs: int) -> int:  # noqa: ANN001
+    """``mp.spawn(fn, args, nprocs)``, returning the peak over time of the ranks' summed proportional set size."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    peak = 0
+    while not ctx.join(timeout=0.02):
+        peak = max(peak, sum(_pss(p.pid) for p in ctx.processes))
+    return peak
+
+
 def main() -> None:
     import json
     import tempfile
-
-    import torch.multiprocessing as mp
 
     from longpack.model import get_model
     from longpack.runtime.dist import free_port
@@ -98,20 +122,24 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as out:
         for mode in ("whole", "sharded"):
-            mp.spawn(rank_main, args=(args.ranks, free_port(), mode, out), nprocs=args.ranks)
+            pss = spawn_sampled(rank_main, (args.ranks, free_port(), mode, out), args.ranks)
             recs = [json.loads(Path(out, f"{mode}-{r}.json").read_text()) for r in range(args.ranks)]
             peak, base = sum(r["peak"] for r in recs), sum(r["before"] for r in recs)
             rows.append(f"| {mode} | {peak / g:.2f} GiB | {base / g:.2f} GiB | {(peak - base) / g:.2f} GiB | "
-                        f"{peak / fp32:.2f}x | {(peak - base) / fp32:.2f}x |")
+                        f"{peak / fp32:.2f}x | {(peak - base) / fp32:.2f}x | {pss / g:.2f} GiB | "
+                        f"{pss / fp32:.2f}x |")
             print(rows[-1], flush=True)
     params = get_model("qwen2.5-0.5b").total_params / 1e9
     body = (f"{versions()}. {args.ranks} gloo ranks start Qwen2.5-0.5B ({params:.2f}B "
             f"parameters; one fp32 copy {fp32 / g:.2f} GiB) from bf16 safetensors:\n\n| start-up | peak RSS, sum "
-            "over ranks | RSS before the model (imports) | peak above that | peak / fp32 copy | above / fp32 copy |"
-            "\n|---|---|---|---|---|---|\n" + "\n".join(rows)
-            + "\n\nAbove the interpreters (python, torch, transformers: "
-            "~290 MiB a rank) a sharded rank holds its fp32 shard and the model's classes (~90 MiB); the whole "
-            "start-up held an fp32 copy per rank, and its transient copies, before sharding.")
+            "over ranks | RSS before the weights (imports) | peak above that | peak / fp32 copy | above / fp32 copy | "
+            "peak of the summed PSS | PSS / fp32 copy |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+            + f"\n\nBefore the weights, each interpreter (python, torch with FSDP2, transformers and the model's "
+            f"class, which imports torch._dynamo, scipy and accelerate) is {base / args.ranks / 2**20:.0f} MiB "
+            "resident; above that a sharded rank holds its fp32 shard, and the ranks' shards together one fp32 "
+            "copy; the whole start-up held an fp32 copy per rank, and its transient copies, before sharding. With "
+            f"{args.ranks} interpreters of this size, no start-up that keeps fp32 weights can total under "
+            f"{(base + fp32) / fp32:.2f}x RSS.\n")
     if args.write:
         write_section("startup_memory", "Host memory at start-up (sharded loading)",
                       f"python bench/startup_memory.py --ranks {args.ranks} --write", body)

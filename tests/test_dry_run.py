@@ -40,8 +40,54 @@ def test_dry_run_config_only_model(tmp_path, shard, stage, world):
         # the cost model prices this runtime: within 15% of the counted peak (measured: 0.94-0.97x)
         assert 0.85 <= r["predicted_bytes"] / r["peak_bytes"] <= 1.15, r
         assert r["capacity_bytes"] == 80 * 2**30
+        assert 0 < r["longest_sample"] <= 16384
 
 
 def test_dry_run_refuses_bad_ranks_fast():
     proc = _cli("--model", "tiny-llama", "--nproc", "2", "--dry-run", "--dry-run-ranks", "5")
     assert proc.returncode == 2 and "--dry-run-ranks '5': ranks must lie in 0..1" in proc.stderr
+
+
+def test_dry_run_without_filler_passes_keeps_the_peaks(tmp_path):
+    """The filler passes that keep FSDP2's collectives in step (runtime/passes.py) are not played by default: the
+    peaks are those with them, less the one-token graphs they hold (runtime/dry_run._own_passes)."""
+    from longpack import jobs
+    from longpack.runtime import dry_run as dr
+    from longpack.runtime import parallelize
+    from longpack.runtime.parallelize import PassSync
+    from longpack.runtime.train_args import TrainArgs
+
+    transformers.LlamaConfig(vocab_size=32000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768
+                             ).save_pretrained(tmp_path)
+    (tmp_path / "lengths.txt").write_text("3000\n200\n100\n100\n")  # a chain of chunks beside short samples
+    run = jobs.RunSpec(lengths_file=str(tmp_path / "lengths.txt"), model="tiny-llama", hardware="h100",
+                       global_batch=4, max_len=4096, token_cap=1024)
+    args = TrainArgs(run=run, model_path=str(tmp_path), dtype="bfloat16", shard="layer", json_log=True,
+                     dry_run=True)
+    rows: list[str] = []
+    begin, empty = PassSync.begin, parallelize.empty_loss
+    empties = [0]
+
+    def spy(self, plan, step, rank):
+        clock = begin(self, plan, step, rank)
+        rows.append(clock.row)
+        return clock
+
+    def count(*a):
+        empties[0] += 1
+        return empty(*a)
+
+    PassSync.begin, parallelize.empty_loss = spy, count
+    try:
+        full = dr.dry_run(args, 2, steps=1, fillers=True)["dry_run"]
+        played, empties[0] = empties[0], 0
+        own = dr.dry_run(args, 2, steps=1)["dry_run"]
+    finally:
+        PassSync.begin, parallelize.empty_loss = begin, empty
+    fillers = sum(c == "f" for c in "".join(rows[:2]))
+    assert fillers and rows[2:] == rows[:2]  # the schedule has filler passes; it is the same both times
+    assert played - empties[0] == fillers  # each filler forward played once with them, not at all without
+    for a, b in zip(full, own, strict=True):
+        assert (a["step"], a["rank"], a["longest_sample"]) == (b["step"], b["rank"], b["longest_sample"])
+        assert 0 <= a["peak_bytes"] - b["peak_bytes"] <= 2e-3 * a["peak_bytes"], (a, b)

@@ -7,10 +7,11 @@ One process plays each rank in turn: a fake process group of the run's world siz
 alone (no weights are read, so a 72B dry-runs on a laptop-class CPU), sharded as the run shards it (FSDP2 per
 layer, runtime/parallelize.py) and materialised with ``to_empty`` under ``FakeTensorMode`` — tensors with shapes,
 dtypes and devices but no storage. The rank then runs the run's own steps (runtime/train_step.run_step: its plan,
-its micro-batches, chains, CP shares, checkpointing, the chunked loss) and AdamW's step, while torch's
+its micro-batches, chains, CP shares, checkpointing, the chunked loss; not the filler passes that only keep
+FSDP2's collectives in step across ranks, :func:`_own_passes`) and AdamW's step, while torch's
 ``FSDPMemTracker`` (``MemTracker`` without FSDP) counts every tensor the rank would hold: parameters and their
-gathered copies, gradients, optimizer state, activations and temporaries. A step's peak includes the optimizer
-state from step 1 on (AdamW creates it in step 0's update).
+gathered copies, gradients, optimizer state (made before step 0, so that every step holds it), activations and
+temporaries.
 
 FSDP2 on a CPU-only torch build shards over a 'cpu' mesh standing for the GPUs; the bytes are the same (the
 device kernels' outputs have the same shapes). Not counted: the CUDA caching allocator's fragmentation and the
@@ -20,8 +21,8 @@ The prediction is the simulator's peak for the rank in that step (sim/memory.py:
 activations, what unfinished chunk chains keep and their K/V store) as allocated: without the fragmentation margin
 and reserve the planner sizes its token caps with.
 
-Cost: per rank and step, one Python call per operator (seconds to a minute for a 7B; nothing scales with the
-tokens but the head's chunks).
+Cost: per rank and step, a few Python calls per operator of its passes (a pass costs the same at any length:
+nothing scales with the tokens but the head's chunks); seconds for a small model, minutes a rank for a 7B or 72B.
 """
 
 from __future__ import annotations
@@ -69,11 +70,23 @@ def _fake_world(rank: int, world: int):  # noqa: ANN202
 def _pass_tracker(fsdp: bool) -> Any:
     """torch's memory tracker (FSDPMemTracker under FSDP2) over steps of many passes. The trackers keep per-module
     statistics of one forward per iteration and refuse a second root forward; only their device totals are read
-    here, so the per-module statistics restart at every root forward (their private pre-forward hooks, wrapped)."""
+    here, so the per-module statistics restart at every root forward (their private pre-forward hooks, wrapped),
+    and the device peak is kept without the per-module peaks: torch's tracker walks every module's statistics after
+    each operator (a thousand modules in an 80-layer model: a third of a 72B rank's dry run)."""
+    from copy import deepcopy
+
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    def device_peak(self: Any, peak_state: Any) -> None:  # noqa: ARG001  (MemTracker._update_peak_stats, devices only)
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = deepcopy(snap)
+
     class PassFSDPTracker(FSDPMemTracker):
+        _update_peak_stats = device_peak
+
         def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:  # type: ignore[override]
             inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
 
@@ -85,6 +98,8 @@ def _pass_tracker(fsdp: bool) -> Any:
             return pre
 
     class PassTracker(MemTracker):
+        _update_peak_stats = device_peak
+
         def _pre_fw_hook(self, module: Any, inputs: Any) -> None:  # type: ignore[override]
             name = self._mod_tracker.get_known_fqn(module)
             if (module in self.memory_tracking and not self._mod_tracker.is_bw
@@ -96,7 +111,7 @@ def _pass_tracker(fsdp: bool) -> Any:
 
 
 def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: Any, cost: Any, steps: int,
-          ) -> list[dict[str, Any]]:
+          fillers: bool) -> list[dict[str, Any]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .context_parallel import CPGroups
@@ -104,7 +119,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
     from .head_loss import loss_head
     from .hf_model import check_supported, config_of
     from .optim import adamw
-    from .parallelize import parallelize, sync_for
+    from .parallelize import PassSync, parallelize, sync_for
     from .shard_load import meta_model
     from .train import DTYPES, stored_dtype
     from .train_step import run_step
@@ -121,6 +136,8 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
             parallelize(model, world, device, dtype)
         groups = CPGroups.build(set(), world, timeout=args.timeout)
         sync = sync_for(model, device, cost.cfg.zero_stage) if fsdp else None
+        if isinstance(sync, PassSync) and not fillers:
+            sync = _own_passes(sync)
         ctx = DistContext(rank=rank, world=world, device=device)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device=device)
@@ -143,9 +160,32 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
                 peak = max(tracker.get_tracker_snapshot("peak")[device]["Total"], 0)
                 predicted = simulate_step(step, plan.steps[step], plan, cost, bound=False).peak_mem_bytes[rank]
                 predicted -= cost.hw.reserve_gib * 2**30
+                longest = max((plan.effective_length(pc.sample) for mb in mbs for pc in mb.pieces), default=0)
                 out.append({"step": step, "rank": rank, "peak_bytes": int(peak), "predicted_bytes": int(predicted),
-                            "capacity_bytes": int(cost.hw.memory_bytes), "seconds": time.perf_counter() - t0})
+                            "capacity_bytes": int(cost.hw.memory_bytes), "longest_sample": longest,
+                            "seconds": time.perf_counter() - t0})
     return out
+
+
+def _own_passes(sync: Any) -> Any:
+    """``sync`` (runtime/parallelize.PassSync) without the filler passes of its schedule: the empty passes a rank
+    runs only to keep FSDP2's collectives in step with busier ranks (runtime/passes.py's ``f``/``b`` slots). The
+    fake process group needs no such matching. A filler pass holds what the rank holds between its own passes plus
+    one gathered layer (and its gradient, backward) — what the rank's own next pass starts from and gathers too —
+    and leaves a one-token graph until its backward (a few MiB with a 152K vocabulary); so the peaks without the
+    fillers are those with them less at most those graphs (tests/test_dry_run.py compares both). A rank with no
+    pass of its own keeps its fillers. Each filler costs a whole pass of Python calls: on 32 ranks, most of a rank's
+    dry run. The empty passes a CP rank runs in place of its own (capital slots) are played."""
+    begin = sync.begin
+
+    def own(plan: Any, step: int, rank: int) -> Any:
+        clock = begin(plan, step, rank)
+        if any(c.isupper() for c in clock.row):
+            clock.row = "".join(c for c in clock.row if c.isupper())
+        return clock
+
+    sync.begin = own
+    return sync
 
 
 def _quiet_torch_tools() -> None:
@@ -160,9 +200,11 @@ def _quiet_torch_tools() -> None:
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # as in training: runtime/train._one_voice
 
 
-def dry_run(args: TrainArgs, world: int, steps: int = 2, ranks: str = "all") -> dict[str, Any]:
+def dry_run(args: TrainArgs, world: int, steps: int = 2, ranks: str = "all", fillers: bool = False,
+            ) -> dict[str, Any]:
     """Run ``steps`` steps of the command's plan on fake tensors for each of ``ranks`` (see the module docstring);
-    returns {"dry_run": [per step and rank: peak, predicted and capacity bytes], "world", "hardware", "model"} and
+    ``fillers``: play the filler passes too (:func:`_own_passes`; the same peaks, slower). Returns {"dry_run": [per
+    step and rank: peak, predicted and capacity bytes, longest sample], "world", "hardware", "model"} and
     prints a line per step and rank (unless --json)."""
     if args.pp > 1:
         raise ValueError(f"--dry-run with --pp {args.pp}: the dry run plays data and context parallel ranks only; "
@@ -178,7 +220,7 @@ def dry_run(args: TrainArgs, world: int, steps: int = 2, ranks: str = "all") -> 
                       replace(cost.cfg, act_bytes=2 if args.dtype == "bfloat16" else 4))
     rows: list[dict[str, Any]] = []
     for rank in chosen:
-        for rec in _rank(args, world, rank, plan, source, spec, cost, steps):
+        for rec in _rank(args, world, rank, plan, source, spec, cost, steps, fillers):
             rows.append(rec)
             if not args.json_log:
                 print(_line(rec), flush=True)
@@ -191,4 +233,5 @@ def _line(rec: dict[str, Any]) -> str:
     peak, pred, cap = rec["peak_bytes"] / g, rec["predicted_bytes"] / g, rec["capacity_bytes"] / g
     ratio = f"{pred / peak:.2f}x of the peak" if peak else "no peak"
     return (f"dry run  step {rec['step']:3d}  rank {rec['rank']:3d}  peak {peak:7.2f} GiB  predicted {pred:7.2f} GiB "
-            f"({ratio})  capacity {cap:.0f} GiB ({peak / cap:.0%} used)  {rec['seconds']:.1f} s")
+            f"({ratio})  capacity {cap:.0f} GiB ({peak / cap:.0%} used)  longest sample {rec['longest_sample']:,}  "
+            f"{rec['seconds']:.1f} s")
