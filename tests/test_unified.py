@@ -480,3 +480,25 @@ def test_unified_with_pipeline_stages_is_no_slower_than_chunkflow_on_its_256k_se
     ours = cf._run("unified", lengths, cost, s["context"], 2, 0)
     assert ours["oom_steps"] == 0
     assert ours["step_time_s"] <= seed["step_time_s"] * (1 + 1e-9), (ours, seed)
+
+
+def test_unified_chain_pieces_give_every_cp_rank_a_token():
+    """72B on 32 ranks at CP 8 (the runtime's pricing): a memory-sized chain of 11,462 tokens was cut 5,808 + 6 +
+    5,648, and a 6-token piece sharded over 8 ranks leaves some rank no token (the runtime refuses it). Every
+    piece now holds at least 2 x 8 tokens, and the step is runnable."""
+    from longpack.planners.unified.tail import least_pieces
+
+    assert least_pieces([0, 5808, 5814, 11462], 8) == [0, 5798, 5814, 11462]
+    assert least_pieces([0, 6, 5814, 11462], 8) == [0, 16, 5814, 11462]
+    assert least_pieces([0, 6, 100], 1) == [0, 6, 100]
+    cost = CostModel(get_model("qwen2.5-72b"), get_hardware("h100").for_runtime(),
+                     TrainConfig(dp=4, cp=8, zero_stage=3, runtime=True))
+    x = np.array([11462] + [600] * 63)
+    plan = get_planner("unified").plan(x, [np.arange(x.size)], PlanContext(cost=cost))
+    chain = [p for rep in plan.steps[0].replicas for mb in rep.micro_batches for p in mb.pieces if p.sample == 0]
+    assert len(chain) >= 2 and min(p.stop - p.start for p in chain) >= 16
+    assert simulate(plan, cost).oom_steps == 0
+    pytest.importorskip("torch")
+    from longpack.runtime.step import check_step
+
+    check_step(plan, 0)

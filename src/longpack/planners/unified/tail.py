@@ -5,6 +5,8 @@ whichever is estimated faster) whose first N − K are recomputed, or (the candi
 its last piece as long as a rank can keep beside the K/V store of what precedes it, the head before it cut as long
 as memory allows beside the K/V of what precedes each piece, all but the last recomputed — the least recompute
 memory allows (a sample just over what a group holds runs as a two-piece chain whose head alone is recomputed).
+Over a CP group of d ranks every piece holds at least 2·d tokens, so that the zigzag split gives each rank some
+(:func:`least_pieces`: a shorter piece takes tokens from its neighbour).
 
 Each chain goes, heaviest first, to the replica of least estimated load (LPT). Estimates are the
 cost model's per-rank seconds (a recomputed piece's forward runs twice: 4/3 of it). :func:`chain_cost` then
@@ -25,7 +27,7 @@ from ..base import Batch, assemble_step
 from ..packers import lpt
 from .layout import Rates
 
-__all__ = ["tail", "chain_cuts", "pieces", "chain_cost"]
+__all__ = ["tail", "chain_cuts", "least_pieces", "pieces", "chain_cost"]
 
 def tail(batch: Batch, r: Rates, split: int, twin: bool, budget: int, is_chain: np.ndarray
          ) -> tuple[list[list[MicroBatch]], np.ndarray] | None:
@@ -63,8 +65,28 @@ def chain_cuts(n: int, chunk: int, d: int, kept: int, cost: CostModel, k: int) -
     even = [n * j // count for j in range(count + 1)]
     first = n - (count - 1) * chunk
     options = [even] + ([[0] + [first + chunk * j for j in range(count)]] if count > 1 and first < chunk else [])
+    options = [least_pieces(cuts, d) for cuts in options]
     t, _, cuts = min((pieces_s(cuts, d, kept, cost, k), i, cuts) for i, cuts in enumerate(options))
     return cuts, t
+
+
+def least_pieces(bounds: list[int], d: int) -> list[int]:
+    """``bounds`` with every piece of at least 2·d tokens when d > 1 (runtime/step.py's rule for a piece sharded
+    over d ranks: each rank's zigzag share holds a token): a short piece takes what it lacks from the piece before
+    it (its start moves earlier: the earlier piece shrinks, it starts after a shorter prefix), or, the first piece,
+    from the one after it (which shrinks as its prefix grows by as much: no more memory when a token's activations
+    cost at least its K/V). Unchanged where the neighbour cannot spare it. O(pieces)."""
+    least = 2 * d if d > 1 else 1
+    out = list(bounds)
+    for j in range(len(out) - 1):
+        short = least - (out[j + 1] - out[j])
+        if short <= 0:
+            continue
+        if j > 0 and out[j] - out[j - 1] - short >= least:
+            out[j] -= short
+        elif j == 0 and len(out) > 2 and out[2] - out[1] - short >= least:
+            out[1] += short
+    return out
 
 
 def pieces_s(bounds: list[int], d: int, kept: int, cost: CostModel, k: int) -> float:
@@ -113,7 +135,7 @@ def memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: in
             return None
         pos = min(head, pos + min(room * d, limit))
         bounds.append(pos)
-    return bounds + [n] if head else [0, n]
+    return least_pieces(bounds + [n] if head else [0, n], d)
 
 
 def pieces(sample: int, cuts: list[int], rank: int | None, ckpt: int, kept: int = 1) -> list[MicroBatch]:
