@@ -26,12 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from _report import versions, write_section
 
-CONFIGS = {  # name: (model, workload, world, max_len, ranks played; None: all)
-    "7b-32k": ("qwen2.5-7b", "lmsys-chat-1m", 8, 32768, None),
-    "7b-32k-long": ("qwen2.5-7b", "chatqa2-long-sft", 8, 32768, None),
-    "7b-64k": ("qwen2.5-7b", "chatqa2-long-sft", 8, 65536, None),
-    "7b-128k": ("qwen2.5-7b", "chatqa2-long-sft", 8, 131072, None),
-    "72b-32k": ("qwen2.5-72b", "chatqa2-long-sft", 32, 32768, [0, 9, 18, 31]),
+CONFIGS = {  # name: (model, workload, world, CP degree, max_len, ranks played; None: all)
+    "7b-32k": ("qwen2.5-7b", "lmsys-chat-1m", 8, 1, 32768, None),
+    "7b-32k-long": ("qwen2.5-7b", "chatqa2-long-sft", 8, 1, 32768, None),
+    "7b-64k": ("qwen2.5-7b", "chatqa2-long-sft", 8, 1, 65536, None),
+    "7b-128k": ("qwen2.5-7b", "chatqa2-long-sft", 8, 1, 131072, None),
+    # one rank of each of the 4 CP groups: a group's 8 ranks run the same passes on zigzag shares of equal size
+    "72b-32k": ("qwen2.5-72b", "chatqa2-long-sft", 32, 8, 32768, [0, 8, 16, 24]),
 }
 BATCH = 64
 
@@ -40,7 +41,7 @@ def lengths_file(name: str, folder: str) -> str:
     """The step's lengths (see the module docstring), one per line, in ``folder``."""
     from longpack.workloads import generate
 
-    _, workload, _, max_len, _ = CONFIGS[name]
+    _, workload, _, _, max_len, _ = CONFIGS[name]
     drawn = [min(int(n), max_len) for n in generate(workload, BATCH - 1, seed=0)]
     path = os.path.join(folder, f"{name}.txt")
     with open(path, "w") as f:
@@ -49,10 +50,10 @@ def lengths_file(name: str, folder: str) -> str:
 
 
 def command(name: str, ranks: list[int] | None, lengths: str = "LENGTHS.txt") -> list[str]:
-    model, _, world, max_len, _ = CONFIGS[name]
+    model, _, world, cp, max_len, _ = CONFIGS[name]
     cmd = ["train", "--model", model, "--lengths", lengths, "--global-batch", str(BATCH), "--max-len", str(max_len),
-           "--nproc", str(world), "--hardware", "h100", "--dtype", "bfloat16", "--planner", "unified", "--token-cap",
-           "0", "--dry-run"]
+           "--nproc", str(world), *(["--cp", str(cp)] if cp > 1 else []), "--hardware", "h100", "--dtype",
+           "bfloat16", "--planner", "unified", "--token-cap", "0", "--dry-run"]
     return cmd + (["--dry-run-ranks", ",".join(map(str, ranks))] if ranks else [])
 
 
@@ -95,7 +96,7 @@ def main() -> None:
     if args.rows:
         rows = [line.rstrip() for line in open(args.rows) if line.startswith("| ") and line.count("|") == 8]
     for name in [] if args.rows else args.configs.split(","):
-        world, ranks = CONFIGS[name][2], CONFIGS[name][4]
+        world, ranks = CONFIGS[name][2], CONFIGS[name][5]
         ranks = ranks or list(range(world))
         groups = [ranks[i::args.jobs] for i in range(args.jobs) if ranks[i::args.jobs]]
         t0 = time.time()

@@ -17,17 +17,18 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-@pytest.mark.parametrize("shard,stage,world", [("layer", 3, 2), ("auto", 1, 2), ("auto", 1, 1)])
-def test_dry_run_config_only_model(tmp_path, shard, stage, world):
+@pytest.mark.parametrize("shard,stage,world,cp", [("layer", 3, 2, 1), ("auto", 1, 2, 1), ("auto", 1, 1, 1),
+                                                  ("layer", 3, 2, 2)])
+def test_dry_run_config_only_model(tmp_path, shard, stage, world, cp):
     """auto: gathered once a step (it fits); one bf16 process: FSDP2 on a group of one (fp32 weights, bf16
-    compute), gathered once a step."""
+    compute), gathered once a step; --cp 2: the step's CP group made as training makes it."""
     transformers.Qwen2Config(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=32768,
                              tie_word_embeddings=False).save_pretrained(tmp_path)
     assert not list(tmp_path.glob("*.safetensors"))  # the dry run reads the config alone
     proc = _cli("--model-path", str(tmp_path), "--workload", "chatqa2-long-sft", "--samples", "32",
                 "--global-batch", "8", "--max-len", "16384", "--token-cap", "16384", "--nproc", str(world),
-                "--hardware", "h100", "--dtype", "bfloat16", "--dry-run", "--json", "--shard", shard)
+                "--hardware", "h100", "--dtype", "bfloat16", "--dry-run", "--json", "--shard", shard, "--cp", str(cp))
     assert proc.returncode == 0, proc.stderr
     assert "Warning" not in proc.stderr, proc.stderr  # torch's tools' notices are not the user's business
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -40,7 +41,9 @@ def test_dry_run_config_only_model(tmp_path, shard, stage, world):
         # the cost model prices this runtime: within 15% of the counted peak (measured: 0.94-0.97x)
         assert 0.85 <= r["predicted_bytes"] / r["peak_bytes"] <= 1.15, r
         assert r["capacity_bytes"] == 80 * 2**30
-        assert 0 < r["longest_sample"] <= 16384
+        assert r["longest_sample"] > 0
+    # a sample over --max-len runs whole, as a chain of pieces (--overlong split): its full length is named
+    assert max(r["longest_sample"] for r in rows) > 16384
 
 
 def test_dry_run_refuses_bad_ranks_fast():

@@ -153,6 +153,7 @@ def _rank(args: TrainArgs, world: int, rank: int, plan: Any, source: Any, spec: 
             for step in range(min(steps, len(plan.steps))):
                 t0 = time.perf_counter()
                 mbs = plan.steps[step].replicas[plan.steps[step].position(rank)[0]].micro_batches
+                groups.add(plan.steps[step], world)  # the step's CP groups, as training makes them
                 with tracker:
                     run_step(model, plan, step, mbs, source, ctx, groups, args.loss, sync)
                     opt.step()
