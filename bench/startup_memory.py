@@ -105,6 +105,16 @@ def spawn_sampled(fn, args: tuple, nprocs: int) -> int:  # noqa: ANN001
     return peak
 
 
+def torch_alone() -> int:
+    """Bytes resident in a python that has imported torch and nothing else: the least any rank's interpreter holds."""
+    import subprocess
+    import sys
+
+    code = "import torch; print(open('/proc/self/status').read())"
+    text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return next(int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("VmRSS:"))
+
+
 def main() -> None:
     import json
     import tempfile
@@ -130,6 +140,7 @@ def main() -> None:
                         f"{pss / fp32:.2f}x |")
             print(rows[-1], flush=True)
     params = get_model("qwen2.5-0.5b").total_params / 1e9
+    bare = torch_alone()
     body = (f"{versions()}. {args.ranks} gloo ranks start Qwen2.5-0.5B ({params:.2f}B "
             f"parameters; one fp32 copy {fp32 / g:.2f} GiB) from bf16 safetensors:\n\n| start-up | peak RSS, sum "
             "over ranks | RSS before the weights (imports) | peak above that | peak / fp32 copy | above / fp32 copy | "
@@ -139,7 +150,9 @@ def main() -> None:
             "resident; above that a sharded rank holds its fp32 shard, and the ranks' shards together one fp32 "
             "copy; the whole start-up held an fp32 copy per rank, and its transient copies, before sharding. With "
             f"{args.ranks} interpreters of this size, no start-up that keeps fp32 weights can total under "
-            f"{(base + fp32) / fp32:.2f}x RSS.\n")
+            f"{(base + fp32) / fp32:.2f}x RSS; a python that imports torch alone is {bare / 2**20:.0f} MiB resident, "
+            f"so even {args.ranks} such interpreters and one fp32 copy make "
+            f"{(args.ranks * bare + fp32) / fp32:.2f}x.\n")
     if args.write:
         write_section("startup_memory", "Host memory at start-up (sharded loading)",
                       f"python bench/startup_memory.py --ranks {args.ranks} --write", body)
