@@ -276,7 +276,20 @@ class CostModel:
         logits = m.vocab * self.cfg.logits_bytes
         return (per_token + logits) / self.cfg.tp
 
-    def _runtime_act_bytes_per_token(self, k: int) -> float:
+    def shard_act_bytes_per_token(self, ckpt_layers: int | None = None) -> float:
+        """Bytes a token of a piece sharded over the CP group holds beyond :meth:`act_bytes_per_token`, per rank
+        token (``runtime`` at cp > 1; else 0): per kept layer, the gathered K/V of the whole piece that attention
+        keeps for backward (cp times the rank's own K/V; the rank's own rows stay beside it for the gradients of
+        later chunks of a chain, runtime/sharded_chain.py), its query rows and its attention output copied out of
+        and back into the micro-batch's row order (runtime/context_parallel.CPAttention) — 2·q_width +
+        (cp − 1)·kv_width numbers, counted from a fake-tensor run as the rest."""
+        if not self.cfg.runtime or self.cfg.cp <= 1:
+            return 0.0
+        m = self.model
+        extra = self.cfg.act_bytes * (2 * m.q_width + (self.cfg.cp - 1) * m.kv_width)
+        return self._runtime_act_bytes_per_token(self._k(ckpt_layers), extra) - self.act_bytes_per_token(ckpt_layers)
+
+    def _runtime_act_bytes_per_token(self, k: int, extra: float = 0.0) -> float:
         """Bytes per token the runtime holds (``runtime``): transformers' eager decoder layer keeps
         (8·hidden + 2·q_width + kv_width + 4·ffn) numbers per token plus fp32 softmax statistics per head (its
         RMSNorms keep fp32 copies, its MLP gate, activation, up and product), a checkpointed layer its input, and
@@ -286,7 +299,7 @@ class CostModel:
         layer's backward (its recomputed activations and their gradients, ~2·hidden more, beside the kept
         inputs)."""
         m, b = self.model, self.cfg.act_bytes
-        full = b * (8 * m.hidden + 2 * m.q_width + m.kv_width + 4 * m.ffn) + 4 * m.heads
+        full = b * (8 * m.hidden + 2 * m.q_width + m.kv_width + 4 * m.ffn) + 4 * m.heads + extra
         kept, rest = b * m.hidden, b * (4 * m.hidden + 2 * m.head_dim)
         start = (self.layers - k) * full + k * kept
         inner = k * kept + full + 2 * b * m.hidden if k else 0.0
@@ -316,7 +329,7 @@ class CostModel:
         """The token cap (Skrull's BucketSize C): most tokens one rank may hold in one micro-batch (a configured cap
         overrides the model).
 
-        ``floor((memory − reserve − static) / (fragmentation · α(k)))``; 0 when even static state does not fit.
+        ``floor(memory_tokens(k))``; 0 when even static state does not fit.
         """
         if self.cfg.token_cap is not None:
             return self.cfg.token_cap
@@ -324,9 +337,11 @@ class CostModel:
 
     def memory_tokens(self, ckpt_layers: int | None = None) -> float:
         """Most tokens one rank's activations can take within memory (real-valued, whatever cap is configured):
-        ``(memory − reserve − static) / (fragmentation · α(k))``, at least 0."""
+        ``(memory − reserve − static) / (fragmentation · (α(k) + σ(k)))``, at least 0, where σ is
+        :meth:`shard_act_bytes_per_token` (0 but for the runtime at cp > 1): a micro-batch of sharded pieces fits."""
         free = self.hw.memory_bytes - self.hw.reserve_gib * 2**30 - self.static_bytes
-        return max(0.0, free / (self.hw.fragmentation * self.act_bytes_per_token(ckpt_layers)))
+        per_token = self.act_bytes_per_token(ckpt_layers) + self.shard_act_bytes_per_token(ckpt_layers)
+        return max(0.0, free / (self.hw.fragmentation * per_token))
 
     @cached_property
     def token_caps(self) -> np.ndarray:

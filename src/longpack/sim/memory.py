@@ -7,6 +7,8 @@ A replica's micro-batches run in order. Per CP rank, the peak while micro-batch 
   (descending), so each earlier chunk not marked ``recompute`` keeps its whole micro-batch's activations — the
   chain's piece and any sample beside it — until the chain's last chunk, each priced at the checkpointing it ran
   with;
+* a token of a piece sharded over the CP group weighs more than a local one (the gathered K/V its layers keep:
+  :meth:`CostModel.shard_act_bytes_per_token`), here and in what a chain keeps;
 * the K/V store is that of the earlier tokens of every unfinished chain (recomputed chunks leave theirs too), kept
   until the chain's last chunk, in every micro-batch between.
 
@@ -17,6 +19,7 @@ micro-batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -45,6 +48,7 @@ class ReplicaMemory:
         K/V prefix per rank, as :func:`~longpack.sim.simulate.micro_batch_times` gives them); then the walk moves
         past it."""
         chains = [p for p in mb.pieces if self.is_chunk(p)]
+        tokens = self._with_shards(mb, tokens)
         if self.stored:  # chains whose pieces ran earlier; a chain with a piece here has its store in prefix
             here = {p.sample for p in chains}
             prefix = prefix + sum((kv for x, kv in self.stored.items() if x not in here), np.zeros(self.cp))
@@ -55,6 +59,7 @@ class ReplicaMemory:
 
     def skip(self, mb: MicroBatch, tokens: np.ndarray) -> None:
         """Move past ``mb`` without pricing it (what :meth:`peak` does after pricing)."""
+        tokens = self._with_shards(mb, tokens)
         for p in mb.pieces:
             if self.is_chunk(p):
                 self._advance(mb, p, tokens)
@@ -77,6 +82,17 @@ class ReplicaMemory:
             if self.is_chunk(p):
                 out += self._spread(p, p.start)
         return out
+
+    def _with_shards(self, mb: MicroBatch, tokens: np.ndarray) -> np.ndarray:
+        """``tokens`` with each rank's tokens of sharded pieces weighed up by what they hold beyond a local token
+        (:meth:`CostModel.shard_act_bytes_per_token`, at the micro-batch's checkpointing), in local tokens."""
+        if self.cp == 1:
+            return tokens
+        extra = self.cost.at_cp(self.cp).shard_act_bytes_per_token(mb.ckpt_layers)
+        shard = sum((math.ceil((mb.pad_to or p.stop - p.start) / self.cp) for p in mb.pieces if p.cp_rank is None), 0)
+        if not extra or not shard:
+            return tokens
+        return tokens + shard * extra / self.cost.act_bytes_per_token(mb.ckpt_layers)
 
     def _spread(self, p: Piece, tokens: int) -> np.ndarray:
         """``tokens`` of ``p``'s sample as its ranks hold them: an equal share on each when sharded, else on its own."""
