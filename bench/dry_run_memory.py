@@ -108,13 +108,21 @@ def main() -> None:
         for r in recs:
             ratio = r["predicted_bytes"] / r["peak_bytes"]
             rows.append(f"| {name} | {r['rank']} | {r['longest_sample']:,} | {r['peak_bytes'] / g:.1f} | "
-                        f"{r['predicted_bytes'] / g:.1f} | {ratio:.2f} | {r['peak_bytes'] / r['capacity_bytes']:.0%} |")
+                        f"{r['predicted_bytes'] / g:.1f} | {ratio:.3f} | {r['peak_bytes'] / r['capacity_bytes']:.0%} |")
             print(rows[-1], flush=True)
     body = (f"{versions()}. Per rank, step 0 (`longpack " + " ".join(command("7b-32k", None))
             + "` and its siblings: see the script's CONFIGS):\n\n| config | rank | its longest sample (tokens) | "
             "dry-run peak (GiB) | predicted (GiB) | predicted / peak | peak / 80 GiB |\n|---|---|---|---|---|---|---|\n"
             + "\n".join(rows)
-            + "\n\nStatic bytes per rank:\n\n" + static_table())
+            + "\n\nEach configuration's step plays one sample of exactly its length (32K, 64K, 128K tokens) beside "
+            "63 lengths drawn from the workload; a sample longer than the token cap runs as a chain of chunks (the "
+            "longest-sample column names it whole). The planner sizes its token caps for 80 GiB less a tenth "
+            "(HardwareSpec.for_runtime) with activations x 1.1 for fragmentation; the prediction is the simulator's "
+            "peak without that margin. Qwen2.5-72B runs 4 CP groups of 8 (`--cp 8`); one rank of each group is "
+            "played (0, 8, 16, 24), the first of the group; its other ranks hold the same sharded pieces' equal "
+            "zigzag shares and differ only in the local pieces placed on them, within the same token cap. The 28 "
+            "others were not played: a 72B rank takes about 13 minutes of CPU here.\n\nStatic bytes per rank:\n\n"
+            + static_table())
     print(static_table())
     if args.write:
         write_section("dry_run_memory", "Memory at scale (dry run)",
