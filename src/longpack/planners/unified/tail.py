@@ -100,21 +100,23 @@ def pieces_s(bounds: list[int], d: int, kept: int, cost: CostModel, k: int) -> f
     return total
 
 
-def _memory_terms(cost: CostModel, k: int) -> tuple[float, float, float]:
-    """(activation bytes a token, K/V store bytes a prefix token, bytes a rank has for both), as
-    :meth:`CostModel.memory_bytes` counts them."""
-    act = cost.hw.fragmentation * cost.act_bytes_per_token(k)
+def _memory_terms(cost: CostModel, k: int, d: int) -> tuple[float, float, float]:
+    """(activation bytes a token, K/V store bytes a prefix token, bytes a rank has for both) of a chain sharded
+    over ``d`` ranks, as the simulator's memory walk counts them (a sharded token with its surcharge,
+    :meth:`CostModel.shard_act_bytes_per_token`)."""
+    per_token = cost.act_bytes_per_token(k) + (cost.at_cp(d).shard_act_bytes_per_token(k) if d > 1 else 0.0)
+    act = cost.hw.fragmentation * per_token
     return act, float(cost.kv_store_bytes(1.0)), cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30
 
 
-def tail_tokens(cost: CostModel, per_rank: int, k: int, cap: int) -> int:
-    """Most of a sample's ``per_rank`` tokens a rank can keep as a chain's last piece beside the K/V store of the
-    head before it, within memory and the cap. O(1) plus a short correction loop."""
-    if cost.memory_bytes(per_rank, k) <= cost.hw.memory_bytes and per_rank <= cap:
+def tail_tokens(cost: CostModel, per_rank: int, k: int, cap: int, d: int = 1) -> int:
+    """Most of a sample's ``per_rank`` tokens a rank can keep as a chain's last piece (sharded over ``d`` ranks)
+    beside the K/V store of the head before it, within memory and the cap. O(1) plus a short correction loop."""
+    act, kv, free = _memory_terms(cost, k, d)
+    if act * per_rank <= free and per_rank <= cap:
         return per_rank
-    act, kv, free = _memory_terms(cost, k)
     n = min(cap, per_rank, int((free - kv * per_rank) // (act - kv))) if act > kv else 0
-    while n > 0 and cost.memory_bytes(n, k, per_rank - n) > cost.hw.memory_bytes:
+    while n > 0 and act * n + kv * (per_rank - n) > free:
         n -= 1
     return max(n, 0)
 
@@ -124,10 +126,10 @@ def memory_chain(n: int, d: int, cost: CostModel, k: int, budget: int, limit: in
     """Bounds of a memory-sized chain of n tokens over d ranks: the last piece per :func:`tail_tokens`, the head
     cut greedily as long as memory allows beside the K/V of what precedes each piece, every piece within
     ``budget`` tokens a rank and ``limit`` tokens; None when memory holds no more. O(pieces)."""
-    last = min(tail_tokens(cost, -(-n // d), k, budget) * d, limit)
+    last = min(tail_tokens(cost, -(-n // d), k, budget, d) * d, limit)
     if last <= 0:
         return None
-    head, (act, kv, free) = max(0, n - last), _memory_terms(cost, k)
+    head, (act, kv, free) = max(0, n - last), _memory_terms(cost, k, d)
     bounds, pos = [0], 0
     while pos < head:
         room = min(budget, int((free - kv * pos / d) // act))
