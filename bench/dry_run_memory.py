@@ -31,7 +31,7 @@ CONFIGS = {  # name: (model, workload, world, CP degree, max_len, ranks played; 
     "7b-32k-long": ("qwen2.5-7b", "chatqa2-long-sft", 8, 1, 32768, None),
     "7b-64k": ("qwen2.5-7b", "chatqa2-long-sft", 8, 1, 65536, None),
     "7b-128k": ("qwen2.5-7b", "chatqa2-long-sft", 8, 1, 131072, None),
-    # one rank of each of the 4 CP groups: a group's 8 ranks run the same passes on zigzag shares of equal size
+    # the first rank of each of the 4 CP groups (see the section's text below)
     "72b-32k": ("qwen2.5-72b", "chatqa2-long-sft", 32, 8, 32768, [0, 8, 16, 24]),
 }
 BATCH = 64

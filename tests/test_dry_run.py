@@ -17,14 +17,19 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+def _small_qwen(folder) -> None:  # noqa: ANN001
+    """A 4-layer Qwen2 config (no weights) in ``folder``: all a dry run reads."""
+    transformers.Qwen2Config(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=32768,
+                             tie_word_embeddings=False).save_pretrained(folder)
+
+
 @pytest.mark.parametrize("shard,stage,world,cp", [("layer", 3, 2, 1), ("auto", 1, 2, 1), ("auto", 1, 1, 1),
                                                   ("layer", 3, 2, 2)])
 def test_dry_run_config_only_model(tmp_path, shard, stage, world, cp):
     """auto: gathered once a step (it fits); one bf16 process: FSDP2 on a group of one (fp32 weights, bf16
     compute), gathered once a step; --cp 2: the step's CP group made as training makes it."""
-    transformers.Qwen2Config(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=32768,
-                             tie_word_embeddings=False).save_pretrained(tmp_path)
+    _small_qwen(tmp_path)
     assert not list(tmp_path.glob("*.safetensors"))  # the dry run reads the config alone
     proc = _cli("--model-path", str(tmp_path), "--workload", "chatqa2-long-sft", "--samples", "32",
                 "--global-batch", "8", "--max-len", "16384", "--token-cap", "16384", "--nproc", str(world),
@@ -100,9 +105,7 @@ def test_dry_run_prices_a_sharded_piece_context_parallel_gpu_ready(tmp_path):
     """A 16K-token sample sharded over 4 CP ranks: each rank's layers keep the whole sample's gathered K/V and
     copies of its query rows and attention output; the cost model prices them (CostModel.shard_act_bytes_per_token)
     within 5% of the counted peak (measured: 0.974x; 0.939x when a sharded token was priced as a local one)."""
-    transformers.Qwen2Config(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=32768,
-                             tie_word_embeddings=False).save_pretrained(tmp_path)
+    _small_qwen(tmp_path)
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("16384\n300\n200\n100\n")
     proc = _cli("--model-path", str(tmp_path), "--lengths", str(lengths), "--global-batch", "4", "--max-len",

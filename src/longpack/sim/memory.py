@@ -36,6 +36,7 @@ class ReplicaMemory:
 
     def __init__(self, cost: CostModel, cp: int, length: Callable[[int], int]) -> None:
         self.cost, self.cp, self.length = cost, cp, length
+        self.group_cost = cost.at_cp(cp) if cp > 1 else cost  # a sharded token's surcharge is the group's degree's
         # chain sample -> {checkpointed layers: activation tokens per rank} its kept chunks hold until its last
         self.held: dict[int, dict[int, np.ndarray]] = {}
         self.stored: dict[int, np.ndarray] = {}  # chain sample -> per rank, the K/V store of the tokens it has run
@@ -88,7 +89,7 @@ class ReplicaMemory:
         (:meth:`CostModel.shard_act_bytes_per_token`, at the micro-batch's checkpointing), in local tokens."""
         if self.cp == 1:
             return tokens
-        extra = self.cost.at_cp(self.cp).shard_act_bytes_per_token(mb.ckpt_layers)
+        extra = self.group_cost.shard_act_bytes_per_token(mb.ckpt_layers)
         shard = sum((math.ceil((mb.pad_to or p.stop - p.start) / self.cp) for p in mb.pieces if p.cp_rank is None), 0)
         if not extra or not shard:
             return tokens

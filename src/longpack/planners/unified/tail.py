@@ -104,8 +104,7 @@ def _memory_terms(cost: CostModel, k: int, d: int) -> tuple[float, float, float]
     """(activation bytes a token, K/V store bytes a prefix token, bytes a rank has for both) of a chain sharded
     over ``d`` ranks, as the simulator's memory walk counts them (a sharded token with its surcharge,
     :meth:`CostModel.shard_act_bytes_per_token`)."""
-    per_token = cost.act_bytes_per_token(k) + (cost.at_cp(d).shard_act_bytes_per_token(k) if d > 1 else 0.0)
-    act = cost.hw.fragmentation * per_token
+    act = cost.hw.fragmentation * (cost.act_bytes_per_token(k) + cost.at_cp(d).shard_act_bytes_per_token(k))
     return act, float(cost.kv_store_bytes(1.0)), cost.hw.memory_bytes - cost.static_bytes - cost.hw.reserve_gib * 2**30
 
 
