@@ -23,6 +23,7 @@ import argparse
 import os
 from pathlib import Path
 
+from _procmem import pss as _pss
 from _report import versions, write_section
 
 CKPT = Path("/tmp/longpack-bench-qwen0.5b")
@@ -81,17 +82,6 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     Path(out, f"{mode}-{rank}.json").write_text(json.dumps({"before": before, "peak": _status("VmHWM")}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-
-
-def _pss(pid: int) -> int:
-    """Bytes of ``pid``'s proportional set size; 0 once it has gone."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def spawn_sampled(fn, args: tuple, nprocs: int) -> int:  # noqa: ANN001

@@ -137,7 +137,8 @@ def test_labels_outside_the_vocabulary_or_negative_are_refused_naming_the_row(tm
     from longpack.sources import SourceError
 
     rows = tmp_path / "rows.jsonl"
-    rows.write_text('{"input_ids": [1, 2, 3]}\n\n{"input_ids": [4, 5, 6], "labels": [-100, 5, 999]}\n')
+    rows.write_text('{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}\n\n'
+                    '{"input_ids": [4, 5, 6], "labels": [-100, 5, 999]}\n')
     with pytest.raises(SourceError, match=r"rows.jsonl:3: labels holds 999, outside the model's vocabulary of 256"):
         load_rows(rows, vocab=256)
     assert len(load_rows(rows, vocab=1000).ids) == 2

@@ -34,7 +34,8 @@ PlannerNames = Annotated[str, typer.Option(help=f"Comma-separated planners: {PLA
 Lengths = Annotated[str | None, typer.Option("--lengths", help="File of lengths: .txt (one per line), .npy, "
                                              ".jsonl or .parquet with a length column, or a save_to_disk folder.")]
 Column = Annotated[str, typer.Option(help="Length column in JSONL/Parquet/HF data.")]
-Tokenizer = Annotated[str | None, typer.Option(help="Local HF tokenizer folder, to count tokens of a text column.")]
+Tokenizer = Annotated[str | None, typer.Option(help="Local HF tokenizer folder: the tokens of text or messages "
+                                              "rows, read as train reads them (README, 'Data').")]
 Samples = Annotated[int | None, typer.Option(min=1, help="Samples to draw from a built-in workload (default: all).")]
 Model = Annotated[str, typer.Option(help="Model preset, e.g. qwen2.5-0.5b, qwen2.5-7b, llama3.1-8b.")]
 Hardware = Annotated[str, typer.Option(help="Hardware preset (h100, h200, a100, cpu) or a HardwareSpec .json.")]
@@ -454,6 +455,13 @@ def train(planner: PlannerName = "unified",
           mask_column: Annotated[str | None, typer.Option(help="0/1 target mask column of --data, e.g. "
                                                           "completion_mask or assistant_masks.")] = None,
           tokenizer: Tokenizer = None,
+          cache_dir: Annotated[str | None, typer.Option(help="Where the rows' token store is cached (default: "
+                                                        ".longpack-cache beside --data; README, 'Data').")] = None,
+          num_proc: Annotated[int | None, typer.Option(min=1, help="Processes that read and tokenize the rows "
+                                                       "(default: the cores available).")] = None,
+          keep_untargeted: Annotated[bool, typer.Option(help="Keep rows with no target (e.g. no assistant turn) "
+                                                        "in the plan; by default they are left out and counted."
+                                                        )] = False,
           model_path: Annotated[str | None, typer.Option(help="Local Hugging Face checkpoint to fine-tune "
                                                          "(config.json + safetensors).")] = None,
           output_dir: Annotated[str | None, typer.Option(help="Write the trained model here as a Hugging Face "
@@ -503,7 +511,8 @@ def train(planner: PlannerName = "unified",
                      weight_decay=weight_decay, loss=loss, dtype=dtype, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every, resume=resume, resume_if_present=resume_if_present,
                      threads=threads, timeout=timeout, json_log=json_out, data=data,
-                     mask_column=mask_column, tokenizer=tokenizer, model_path=model_path, output_dir=output_dir,
+                     mask_column=mask_column, tokenizer=tokenizer, cache_dir=cache_dir, num_proc=num_proc,
+                     keep_untargeted=keep_untargeted, model_path=model_path, output_dir=output_dir,
                      overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, report_to=report_to,
                      eval_data=eval_data, eval_every=eval_every, fsdp=fsdp, shard=shard, pp=pp, plan_ahead=plan_ahead,
                      dry_run=dry_run)

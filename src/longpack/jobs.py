@@ -76,13 +76,18 @@ def load_workload(spec: RunSpec) -> tuple[np.ndarray, int | None]:
     if spec.workload is not None:
         w = get_workload(spec.workload)
         return generate(spec.workload, spec.samples, seed=spec.seed), w.default_max_len
-    tok = None
-    if spec.tokenizer:
-        from .sources import hf_tokenizer
-
-        tok = hf_tokenizer(spec.tokenizer)
     assert spec.lengths_file is not None
-    lengths = load_lengths(spec.lengths_file, column=spec.column, tokenizer=tok)
+    if spec.tokenizer and not spec.lengths_file.endswith((".txt", ".npy")):
+        from .rows import load_rows  # rows of text or chats, through the token store's cache as training reads them
+
+        rows = load_rows(spec.lengths_file, tokenizer=spec.tokenizer, keep_untargeted=True, say=say,
+                         flag="--lengths")
+        lengths = rows.lengths
+        if rows.empty:
+            say(f"--lengths {spec.lengths_file}: {len(rows.empty)} empty rows left out ({rows.where(rows.empty[0])}"
+                f"{', ...' if len(rows.empty) > 1 else ''})")
+    else:
+        lengths = load_lengths(spec.lengths_file, column=spec.column)
     if spec.samples is not None:
         if spec.samples < 1:
             raise ValueError(f"--samples {spec.samples}: must be >= 1")

@@ -6,13 +6,13 @@ through a tokenizer (any callable str -> list of ids, or an HF tokenizer path vi
 
 Bad input never passes silently: an empty source, a missing column, a malformed JSONL line, a zero, negative,
 NaN or non-integer length each raise :class:`SourceError` naming the file, the record and the value. Long scans
-show a progress bar (rich) on a terminal. Cost: one pass over the file; memory O(records) for the lengths.
+show their progress (rows or MB of the total, the time left). Cost: one pass over the file; memory O(records)
+for the lengths.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ def load_lengths(path: str | Path, *, column: str = "length", ids_column: str = 
     elif p.suffix == ".npy":
         values = np.load(p, allow_pickle=False)
     elif p.suffix == ".jsonl":
-        values = _from_records(_jsonl_records(p), str(p), cols, tokenizer)
+        values = _from_records(((w, r) for w, r in _jsonl_records(p) if r is not None), str(p), cols, tokenizer)
     elif p.suffix == ".parquet":
         values = _parquet(p, cols, tokenizer)
     else:
@@ -95,7 +95,8 @@ def _jsonl_records(p: Path, blanks: bool = False) -> Iterable[tuple[str, dict | 
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise SourceError(f"{p}:{i}: malformed JSON line ({exc.msg}); fix or remove that line") from None
+                raise SourceError(f"{p}:{i}: malformed JSON line ({exc.msg} column {exc.colno}); fix or remove that "
+                                  "line") from None
             if not isinstance(rec, dict):
                 raise SourceError(f"{p}:{i}: expected a JSON object per line, got {type(rec).__name__}")
             yield f"{p}:{i}", rec
@@ -148,7 +149,9 @@ def _parquet(p: Path, cols: tuple[str, str, str], tokenizer: Tokenizer | None) -
     raise SourceError(f"{p}: none of the columns {column!r}, {ids_column!r}, {text_column!r} (has {names})")
 
 
-def _hf_records(p: Path) -> Iterable[tuple[str, dict]]:
+def saved_dataset(p: Path) -> Any:
+    """The dataset a ``save_to_disk`` folder holds (memory-mapped Arrow files; a DatasetDict's train split, else its
+    first), or one line naming the folder."""
     try:
         import datasets
     except ImportError:
@@ -158,21 +161,37 @@ def _hf_records(p: Path) -> Iterable[tuple[str, dict]]:
     except FileNotFoundError as exc:
         raise SourceError(f"{p}: not a dataset saved with save_to_disk ({exc})") from None
     if isinstance(ds, datasets.DatasetDict):
-        split = "train" if "train" in ds else next(iter(ds))
-        ds = ds[split]
+        ds = ds["train" if "train" in ds else next(iter(ds))]
+    return ds
+
+
+def _hf_records(p: Path) -> Iterable[tuple[str, dict]]:
+    ds = saved_dataset(p)
     for i, rec in enumerate(_progress(ds, p, "rows", total=len(ds))):
         yield f"{p} row {i}", rec
 
 
 def _progress(it: Iterable, p: Path, unit: str, total: int | None = None) -> Iterable:
-    """Wrap ``it`` in a rich progress bar when stderr is a terminal and the scan is long."""
-    big = (total or 0) > 200_000 or (p.is_file() and p.stat().st_size > 64 * 2**20)
-    if not (big and sys.stderr.isatty()):
-        yield from it
-        return
-    from rich.progress import track
+    """``it`` counted on a meter (progress.py: rows of the total, or MB of the file, with the time left; a bar on
+    a terminal, a line now and then elsewhere; nothing for a scan that ends within seconds)."""
+    from .progress import Meter
 
-    yield from track(it, description=f"reading {p.name} ({unit})", total=total, console=None, transient=True)
+    if total is not None:
+        meter = Meter(f"reading {p.name}", total, (unit,), unit)
+        for x in it:
+            yield x
+            meter.tick()
+        meter.close()
+        return
+    meter = Meter(f"reading {p.name}", max(1, p.stat().st_size >> 20), ("MB",), "MB")
+    done = 0
+    for x in it:
+        yield x
+        done += len(x)
+        if done >= 1 << 20:
+            meter.tick(done >> 20)
+            done &= (1 << 20) - 1
+    meter.close()
 
 
 def load_tokenizer(name_or_path: str) -> Any:

@@ -3,13 +3,14 @@
 What it does, through the Trainer's public extension points:
 
 * **Plan.** After the base Trainer has prepared ``train_dataset`` (TRL tokenizes it and adds its masks there), the
-  rows are read once (:func:`longpack.rows.rows_from_records`): targets from ``labels`` when the dataset has them;
-  else TRL's ``completion_mask`` when ``completion_only_loss`` is on (TRL's default for prompt-completion data) or
-  ``assistant_masks`` when ``assistant_only_loss`` is; else every next token. Empty rows are left out and reported
-  as dropped; rows longer than ``max_len`` (or than ``token_cap`` × ``cp``) follow ``overlong``. Every process plans
-  the same rows identically over dp·cp ranks (dp = processes / cp), cost model from the model's own config:
-  the over-long policy over every row at once, then each step on a background thread, ``plan_ahead`` steps ahead
-  of training (runtime/ahead.py); a step that cannot run is refused, naming it, when training reaches it.
+  rows are read once, from the dataset's Arrow columns (:func:`longpack.rows.rows_from_dataset`): targets from
+  ``labels`` when the dataset has them; else TRL's ``completion_mask`` when ``completion_only_loss`` is on (TRL's
+  default for prompt-completion data) or ``assistant_masks`` when ``assistant_only_loss`` is; else every next token.
+  Empty rows, and rows with no target, are left out and reported as dropped; rows longer than ``max_len`` (or than
+  ``token_cap`` × ``cp``) follow ``overlong``. Every process plans the same rows identically over dp·cp ranks (dp =
+  processes / cp), cost model from the model's own config: the over-long policy over every row at once, then each step
+  on a background thread, ``plan_ahead`` steps ahead of training (runtime/ahead.py); a step that cannot run is
+  refused, naming it, when training reaches it.
 * **Step.** ``gradient_accumulation_steps`` is 1 and each dataloader item is one plan step; ``training_step`` runs
   this rank's micro-batches of it through the same function as ``longpack train``
   (:func:`longpack.runtime.train_step.run_step`): the model's attention is switched to the longpack implementation for
@@ -36,7 +37,6 @@ import math
 import re
 import sys
 import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,7 +46,7 @@ from transformers import Trainer
 
 from .. import jobs
 from ..planners.base import OVERLONG_POLICIES
-from ..rows import TokenRows, rows_from_records
+from ..rows import TokenRows, rows_from_dataset
 from ..runtime.accounting import data_report
 from ..runtime.ahead import PlanAhead
 from ..runtime.context_parallel import CPGroups
@@ -127,11 +127,6 @@ def config_message(text: str) -> str:
     return re.sub(r"--[a-z][a-z-]*", lambda m: _FIELDS.get(m.group(0), m.group(0)), text)
 
 
-def _records(dataset: Any, columns: list[str]) -> Iterable[tuple[str, dict]]:
-    for i, rec in enumerate(dataset.select_columns(columns)):
-        yield f"train_dataset row {i}", rec
-
-
 def dataset_rows(dataset: Any, args: Any, vocab: int | None = None) -> TokenRows:
     """The Trainer's ``train_dataset`` as :class:`TokenRows` (targets chosen as in the module docstring)."""
     names = list(getattr(dataset, "column_names", None) or [])
@@ -153,8 +148,7 @@ def dataset_rows(dataset: Any, args: Any, vocab: int | None = None) -> TokenRows
         raise ValueError("LongpackTrainer: completion_only_loss=True but train_dataset has no completion_mask "
                          "column (TRL writes it for prompt-completion data)")
     cols = ["input_ids"] + (["labels"] if "labels" in names else []) + ([mask] if mask else [])
-    return rows_from_records(_records(dataset, cols), "train_dataset", mask_column=mask, what="train_dataset",
-                             vocab=vocab)
+    return rows_from_dataset(dataset, cols, "train_dataset", mask_column=mask, vocab=vocab)
 
 
 class _Steps(torch.utils.data.Dataset):

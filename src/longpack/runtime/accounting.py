@@ -34,7 +34,8 @@ def data_report(plan: Plan, source: Source) -> dict[str, Any]:
            "truncated_samples": len(cut), "truncated_tokens": sum(plan.lengths[s] - k for s, k in cut.items()),
            "truncated_targets": sum(full_targets[s] - source.target_count(s, k) for s, k in cut.items()),
            "split_samples": int(plan.meta.get("overlong", {}).get("split", 0)),
-           "empty_rows_dropped": int(rows.get("empty_dropped", 0)), "rows": rows}
+           "empty_rows_dropped": int(rows.get("empty_dropped", 0)),
+           "untargeted_rows_dropped": int(rows.get("untargeted_dropped", 0)), "rows": rows}
     reasons = sorted({plan.dropped[s] for s in dropped})
     head = f"{out['samples']} samples"
     if "rows" in rows:  # the user's rows: how many were read, and how many samples this run's steps take of them
@@ -47,6 +48,12 @@ def data_report(plan: Plan, source: Source) -> dict[str, Any]:
     if out["empty_rows_dropped"]:
         at = ", ".join(rows["empty_at"]) + (", ..." if out["empty_rows_dropped"] > len(rows["empty_at"]) else "")
         line += f"; {out['empty_rows_dropped']} empty rows left out of the plan ({at})"
+    untargeted = int(rows.get("rows_without_target", 0))
+    if untargeted:
+        at = ", ".join(rows["untargeted_at"]) + (", ..." if untargeted > len(rows["untargeted_at"]) else "")
+        why = " (no assistant turn)" if "assistant" in str(rows.get("targets_from")) else ""
+        fate = "left out" if rows.get("untargeted_dropped") else "kept (--keep-untargeted)"
+        line += f"; {untargeted} rows have no target{why}: {at} — {fate}"
     if reasons:
         line += f"; why dropped: {'; '.join(reasons[:3])}"
     out["line"] = line

@@ -15,7 +15,7 @@ from .. import jobs
 from .dist import free_port, leave
 from .failure import PeerLost, one_line, peer_lost
 from .fit import check_fits
-from .run_plan import held_out, model_spec, plan_stream, sharded, zero_stage
+from .run_plan import LAUNCHED, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
 from .step import check_step
 from .train import DTYPES, train
 from .train_args import TrainArgs
@@ -52,22 +52,38 @@ def launch(args: TrainArgs, nproc: int) -> None:
     """Spawn ``nproc`` local processes (gloo on CPU) running :func:`train`; rank 0 prints."""
     if nproc < 1:
         raise ValueError(f"--nproc {nproc}: must be >= 1")
-    # fail fast in the parent with a clear message, before allocating or spawning anything
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    spec = _before_spawning(args, nproc, device)
+    os.environ[LAUNCHED] = "1"  # what the ranks would say of reading the rows is said
+    try:
+        if nproc == 1:
+            train(args)
+            if torch.distributed.is_initialized():  # the group of one FSDP2 ran on: closed, not left to exit's
+                torch.distributed.destroy_process_group()
+            return
+        _spawn(args, nproc, device, spec)
+    finally:
+        os.environ.pop(LAUNCHED, None)
+
+
+def _before_spawning(args: TrainArgs, nproc: int, device: torch.device) -> Any:
+    """Fail fast in the parent with a clear message, before allocating or spawning anything: the model fits, the
+    rows read (once, here: the ranks map the token store this builds), the plan and its first step, the held-out
+    rows. Returns the model's shapes."""
     spec = model_spec(args)
     check_fits(spec, world=nproc, local=nproc, fsdp=sharded(args, nproc), dtype=DTYPES[args.dtype], device=device,
                per_layer=zero_stage(args, nproc, spec) == 3)
-    stream, _ = plan_stream(args, nproc, spec=spec, note=None)  # the ranks say what there is to say
+    source = load_source(args, spec.vocab, say=jobs.say)
+    stream, _ = plan_stream(args, nproc, source, spec=spec, note=None)  # the ranks say what there is to say
     if args.eval_data:
-        held_out(args, nproc, spec)  # the held-out rows read and planned: their errors before spawning
+        held_out(args, nproc, spec, say=jobs.say)
     if len(stream):  # the run's first step too: a layout it cannot run is refused before spawning
         stream.next_step()
         check_step(stream.plan, 0)
-    if nproc == 1:
-        train(args)
-        if torch.distributed.is_initialized():  # the group of one FSDP2 ran on: closed, not left to exit's warning
-            torch.distributed.destroy_process_group()
-        return
+    return spec
+
+
+def _spawn(args: TrainArgs, nproc: int, device: torch.device, spec: Any) -> None:
     import tempfile
 
     import torch.multiprocessing as mp

@@ -18,16 +18,25 @@ from .evaluate import Evaluation
 from .step import check_step
 from .train_args import TrainArgs, check_layout
 
-__all__ = ["load_source", "model_spec", "plan_stream", "build_plan", "held_out", "zero_stage"]
+LAUNCHED = "LONGPACK_LAUNCHED"  # set by `longpack train --nproc`'s launcher once it has read the rows
+
+__all__ = ["LAUNCHED", "load_source", "model_spec", "plan_stream", "build_plan", "held_out", "zero_stage"]
 
 
-def load_source(args: TrainArgs, vocab: int) -> Source:
-    """The user's rows (``--data``) or the synthetic corpus of a built-in workload."""
+def load_source(args: TrainArgs, vocab: int, say: Any = None) -> Source:
+    """The user's rows (``--data``, through the token store's cache; ``say``: where the line about it goes) or
+    the synthetic corpus of a built-in workload."""
     if args.data is None:
         return SyntheticCorpus(vocab, seed=args.run.seed)
+    return _rows(args, args.data, vocab, say, "--data")
+
+
+def _rows(args: TrainArgs, path: str, vocab: int, say: Any, flag: str) -> Any:
     from ..rows import load_rows
 
-    return load_rows(args.data, mask_column=args.mask_column, tokenizer=args.tokenizer, vocab=vocab)
+    return load_rows(path, mask_column=args.mask_column, tokenizer=args.tokenizer, vocab=vocab,
+                     cache_dir=args.cache_dir, num_proc=args.num_proc, keep_untargeted=args.keep_untargeted,
+                     say=say, flag=flag)
 
 
 def model_spec(args: TrainArgs) -> ModelSpec:
@@ -104,11 +113,10 @@ def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: 
     return replace(stream.plan, steps=tuple(stream.plan.steps)), cost
 
 
-def held_out(args: TrainArgs, world: int, spec: ModelSpec) -> Evaluation:
+def held_out(args: TrainArgs, world: int, spec: ModelSpec, say: Any = None) -> Evaluation:
     """The held-out rows of ``--eval-data`` and their plan: one step of all of them (runtime/evaluate.py)."""
-    from ..rows import load_rows
-
-    rows = load_rows(args.eval_data, mask_column=args.mask_column, tokenizer=args.tokenizer, vocab=spec.vocab)
+    assert args.eval_data is not None
+    rows = _rows(args, args.eval_data, spec.vocab, say, "--eval-data")
     run = replace(args.run, global_batch=len(rows.ids), steps=None, epochs=1)
     plan, _ = build_plan(replace(args, data=args.eval_data, run=run), world, source=rows, spec=spec, note=None)
     return Evaluation(plan, rows)

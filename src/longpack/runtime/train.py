@@ -40,7 +40,7 @@ from .metrics import MetricsLog
 from .optim import adamw, build_scheduler, clip_gradients, warmup_of
 from .output import save_output
 from .resume import fingerprint, resume
-from .run_plan import build_plan, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
+from .run_plan import LAUNCHED, build_plan, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
 from .step import check_step
 from .step_log import emit, rank_record
 from .train_args import TrainArgs, settings
@@ -64,7 +64,8 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                fsdp=sharded(args, ctx.world), dtype=DTYPES[args.dtype], device=ctx.device,
                per_layer=zero_stage(args, ctx.world, spec) == 3)
-    source = load_source(args, spec.vocab)
+    say = jobs.say if ctx.rank == 0 and not os.environ.get(LAUNCHED) else None  # the launcher said it already
+    source = load_source(args, spec.vocab, say)
     if hasattr(source, "digest") and args.checkpoint_dir:  # what a checkpoint records, and a resume compares
         args = replace(args, data_content=source.digest())
     if args.run.epochs > 1:  # the plan's samples are every epoch's copies of the rows
@@ -75,7 +76,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
     ahead = PlanAhead(stream, args.plan_ahead, check=check_step)  # steps planned on a thread while others train
     header = time.perf_counter() - t_plan  # the over-long policy over the whole run (the whole plan at depth 0)
     try:
-        evaluation = held_out(args, ctx.world, spec) if args.eval_data else None
+        evaluation = held_out(args, ctx.world, spec, say) if args.eval_data else None
         return _train(args, ctx, spec, source, ahead, cost, header, evaluation)
     finally:
         ahead.close()

@@ -27,6 +27,9 @@ class TrainArgs:
     data: str | None = None
     mask_column: str | None = None
     tokenizer: str | None = None
+    cache_dir: str | None = None  # where the rows' token store is cached (store/cache.py; default beside the data)
+    num_proc: int | None = None  # processes that tokenize rows (default: the cores available)
+    keep_untargeted: bool = False  # rows with no target stay in the plan (default: left out, counted)
     model_path: str | None = None
     output_dir: str | None = None
     overwrite_output_dir: bool = False
@@ -76,6 +79,8 @@ class TrainArgs:
             raise ValueError(f"--pp {self.pp}: must be >= 1")
         if self.plan_ahead < 0:
             raise ValueError(f"--plan-ahead {self.plan_ahead}: must be >= 0 (0: plan the whole run before step 0)")
+        if self.num_proc is not None and self.num_proc < 1:
+            raise ValueError(f"--num-proc {self.num_proc}: must be >= 1")
         if not self.timeout > 0:
             raise ValueError(f"--timeout {self.timeout}: must be > 0 seconds")
         from .optim import check_schedule
@@ -101,7 +106,8 @@ def settings(args: TrainArgs, world: int) -> dict[str, Any]:
     """What a resumed run must share with the checkpoint it continues (every setting but --steps), by flag."""
     r = args.run
     return {"planner": args.planner, "data": args.data, "mask-column": args.mask_column, "tokenizer": args.tokenizer,
-            "model-path": args.model_path, "model": r.model, "workload": r.workload, "lengths": r.lengths_file,
+            "keep-untargeted": args.keep_untargeted, "model-path": args.model_path, "model": r.model,
+            "workload": r.workload, "lengths": r.lengths_file,
             "samples": r.samples, "seed": r.seed, "epochs": r.epochs, "global-batch": r.global_batch, "cp": r.cp,
             "nproc": world,
             "token-cap": r.token_cap, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
