@@ -166,8 +166,9 @@ def hf_map(path: Path, tok: Path, num_proc: int, cache: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def pretokenized(folder: Path) -> dict[str, Path]:
-    """The rows of ``folder``'s store as input_ids + labels: JSONL, Parquet and a save_to_disk folder."""
+def pretokenized(folder: Path, cache: Path) -> dict[str, Path]:
+    """The rows of ``folder``'s chats (their store in ``cache``, built by the first start) as input_ids + labels:
+    JSONL, Parquet and a save_to_disk folder."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -177,7 +178,7 @@ def pretokenized(folder: Path) -> dict[str, Path]:
     paths = {"jsonl": folder / "pre.jsonl", "parquet": folder / "pre.parquet", "dataset": folder / "pre_ds"}
     if all(p.exists() for p in paths.values()):
         return paths
-    rows = load_rows(folder / "chats.jsonl", tokenizer=str(folder / "tok"), cache_dir=str(folder / "store"))
+    rows = load_rows(folder / "chats.jsonl", tokenizer=str(folder / "tok"), cache_dir=str(cache))
     writer = None
     with open(paths["jsonl"], "w") as f:
         batch: dict[str, list] = {"input_ids": [], "labels": []}
@@ -206,13 +207,20 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--big-rows", type=int, default=1_000_000, help="0: skip the scale arm")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--hf-from", type=Path, help="a result.json of an earlier run: its HF arms, not run again")
+    ap.add_argument("--write-from", type=Path, help="write the section from a result.json, running nothing")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
+    if args.write_from:
+        write(json.loads(args.write_from.read_text()), args)
+        return
     folder = data(args.rows)
     mdl = model(folder)
     tmp = Path(tempfile.mkdtemp(prefix="lp-bench-"))
     res: dict = {"rows": args.rows, "jsonl_mb": (folder / "chats.jsonl").stat().st_size / 1e6}
-    if not args.skip_hf:
+    if args.hf_from:
+        res.update({k: v for k, v in json.loads(args.hf_from.read_text()).items() if k.startswith("hf")})
+    elif not args.skip_hf:
         for n in (1, 2):
             first = hf_map(folder / "chats.jsonl", folder / "tok", n, tmp / f"hf{n}")
             again = hf_map(folder / "chats.jsonl", folder / "tok", n, tmp / f"hf{n}")
@@ -223,7 +231,7 @@ def main() -> None:
     res["second"] = run_train(folder / "chats.jsonl", folder / "tok", mdl, tmp / "store")
     print("longpack second start", res["second"], flush=True)
     res["formats"] = {}
-    for fmt, path in pretokenized(folder).items():
+    for fmt, path in pretokenized(folder, tmp / "store").items():
         res["formats"][fmt] = run_train(path, None, mdl, tmp / f"pre-{fmt}")
         print(fmt, res["formats"][fmt], flush=True)
     if args.big_rows:

@@ -267,5 +267,7 @@ def test_a_two_process_run_on_a_checkpoint_speaks_with_one_voice(tmp_path):
                            "--workload", "tiny-longtail", "--steps", "2", "--nproc", "2", "--output-dir",
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("data: ") and "done: 2 steps" in proc.stdout
+    first, second = proc.stdout.splitlines()[:2]
+    assert first.startswith("run: 2 processes, 1 thread each") and second.startswith("data: ")
+    assert "done: 2 steps" in proc.stdout
     assert proc.stderr.strip() == "", proc.stderr[-2000:]

@@ -94,15 +94,33 @@ def _load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | N
         data = {}
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{value}: a mapping of flags to values, got a {type(data).__name__}")
-    names = {o.lstrip("-"): p.name for p in ctx.command.params if p.name != "config" for o in p.opts}
+    params = {o.lstrip("-"): p for p in ctx.command.params if p.name != "config" for o in p.opts}
+    names = {k: p.name for k, p in params.items()}
     unknown = sorted(str(k) for k in data if str(k) not in names)
     if unknown:
         raise typer.BadParameter(f"{value}: no flag {', '.join(unknown)} in `{ctx.info_name}` (keys are its flags "
                                  "without --, as `--help` lists them)")
+    for key, v in data.items():
+        _check_yaml_value(value, str(key), v, params[str(key)])
     if any(str(k) in DEPRECATED for k in data):
         _deprecated(*(str(k) for k in data if str(k) in DEPRECATED))
     ctx.default_map = {**(ctx.default_map or {}), **{names[str(k)]: v for k, v in data.items()}}
     return value
+
+
+def _check_yaml_value(path: Path, key: str, value: Any, param: Any) -> None:
+    """A YAML value the flag's own parser would refuse on the command line, refused here too: a true/false for a
+    number or a text, a list for a flag given once, a mapping anywhere."""
+    kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)  # typer's; click's name else
+    name = _KINDS.get(kind) or str(getattr(getattr(param, "type", None), "name", "value"))
+    if isinstance(value, bool) and not getattr(param, "is_flag", False) and kind is not bool:
+        raise typer.BadParameter(f"{path}: {key}: {str(value).lower()} is not a valid {name} (--{key} takes "
+                                 f"{'an' if name[0] in 'aeiou' else 'a'} {name})")
+    if isinstance(value, dict) or (isinstance(value, list) and not getattr(param, "multiple", False)):
+        raise typer.BadParameter(f"{path}: {key}: a {type(value).__name__} where --{key} takes one {name}")
+
+
+_KINDS = {int: "integer", float: "number", str: "text", bool: "boolean"}
 
 
 Config = Annotated[Path | None, typer.Option("--config", is_eager=True, callback=_load_config,
@@ -208,16 +226,7 @@ def simulate(plan_file: Annotated[Path, typer.Argument(help="A Plan JSON written
              cp: Annotated[int | None, typer.Option(min=1, help="Checked against the plan.")] = None,
              json_out: Json = False) -> None:
     """Simulate a Plan JSON: step time, efficiency, balance metrics and memory."""
-    from .plan import Plan
-
-    if not plan_file.is_file():
-        raise ValueError(f"plan file {plan_file}: no such file")
-    try:
-        p = Plan.from_json(plan_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc).splitlines()[0]
-        raise ValueError(f"plan file {plan_file}: {why}; give a Plan JSON written by `longpack plan --out`") from None
-    p.validate()
+    p = jobs.load_plan_file(plan_file)
     meta = p.meta
     for flag, value, planned in (("--dp", dp, meta.get("dp")), ("--cp", cp, meta.get("cp"))):
         if value is not None and value != planned:
@@ -491,6 +500,9 @@ def train(planner: PlannerName = "unified",
                                                 "weights read) and print each rank's memory peak beside the cost "
                                                 "model's prediction and the --hardware capacity.")] = False,
           dry_run_steps: Annotated[int, typer.Option(min=1, help="Steps a dry run plays.")] = 1,
+          space_check: Annotated[bool, typer.Option(help="Check before step 0 that --output-dir and "
+                                                    "--checkpoint-dir can be written and hold the final model and two "
+                                                    "checkpoints (--no-space-check: skip).")] = True,
           dry_run_ranks: Annotated[str, typer.Option(help="Ranks a dry run plays: all, or e.g. 0,5.")] = "all",
           json_out: Json = False, config: Config = None) -> None:
     """Fine-tune a model on a plan for real with PyTorch (torchrun, or --nproc N local processes on gloo)."""
@@ -515,7 +527,7 @@ def train(planner: PlannerName = "unified",
                      keep_untargeted=keep_untargeted, model_path=model_path, output_dir=output_dir,
                      overwrite_output_dir=overwrite_output_dir, log_dir=log_dir, report_to=report_to,
                      eval_data=eval_data, eval_every=eval_every, fsdp=fsdp, shard=shard, pp=pp, plan_ahead=plan_ahead,
-                     dry_run=dry_run)
+                     dry_run=dry_run, space_check=space_check)
     world = int(os.environ.get("WORLD_SIZE", nproc))
     check_output_dir(output_dir, model_path, checkpoint_dir, overwrite_output_dir, resume or resume_if_present)
     now = {k: v for k, v in settings(args, world).items() if k != "data-content"}  # the rows are not read yet
@@ -533,7 +545,9 @@ def train(planner: PlannerName = "unified",
             run_train(args)
         else:
             launch(args, nproc)
-    except Exception as exc:  # noqa: BLE001  (this rank's error, one line; under torchrun each rank says its own)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (this rank's error, one line; torch's BaseException ones too)
         rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
         raise ValueError(f"{rank}{one_line(exc)}") from None
 

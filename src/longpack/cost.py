@@ -48,7 +48,7 @@ from .model import ModelSpec
 __all__ = ["TrainConfig", "CostModel", "attention_pairs"]
 
 COMM_MEMO = 1 << 16  # most scalar K/V exchange times a cost model keeps (cleared when full)
-RUNTIME_HEAD_CHUNK_BYTES = 1 << 28  # fp32 logits of one chunk of the runtime's head loss (runtime/head_loss.py)
+RUNTIME_HEAD_CHUNK_BYTES = 1 << 30  # fp32 logits of one chunk of the runtime's head loss (runtime/head_loss.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,11 +225,12 @@ class CostModel:
 
         With ``runtime`` at ZeRO-3 (longpack's FSDP2 runtime, runtime/parallelize.py), plus what is gathered while
         a step runs: the root (embeddings, head) in bf16 from a forward to its backward, the next decoder layer
-        prefetched, and the larger of the head's backward temporaries (its fp32 weight gradient, that gradient in
-        bf16, three chunks of logits: runtime/head_loss.py) and a layer's backward (the layer gathered in bf16, its
-        gradient's fp32 reduce-scatter buffer). With ``runtime`` at ZeRO-1 without pipeline stages (gathered once
-        per step: runtime/parallelize.StepSync), the whole gradients accumulate in fp32 and the head's backward
-        temporaries (its weight gradient in bf16, three chunks of logits) or a layer's come on top."""
+        prefetched, and the larger of the head's temporaries (its fp32 weight gradient, that gradient in bf16, a
+        chunk of fp32 logits and its bf16 copy: runtime/head_loss.py) and a layer's backward (the layer gathered in
+        bf16, its gradient's fp32 reduce-scatter buffer). With ``runtime`` at ZeRO-1 without pipeline stages
+        (gathered once per step: runtime/parallelize.StepSync), the whole gradients accumulate in fp32 and the head's
+        temporaries (its weight gradient in bf16, a chunk of fp32 logits and its bf16 copy) or a layer's come on
+        top."""
         p, n, z = self.stage_params, self.cfg.dp * self.cfg.cp, self.cfg.zero_stage
         weights, grads, optim = 2 * p, 2 * p, 12 * p
         if z >= 1:
@@ -244,11 +245,11 @@ class CostModel:
             if self.cfg.token_cap is not None:  # a chunk holds at most a micro-batch's tokens
                 chunk = min(chunk, 4 * m.vocab * self.cfg.token_cap)
             if z >= 3:
-                head = 6.0 * m.vocab * m.hidden + 3 * chunk
+                head = 6.0 * m.vocab * m.hidden + 1.5 * chunk
                 weights += 2 * m.embedding_params / self.cfg.tp + 2 * layer + max(head, 6 * layer)
             else:
                 grads *= 2
-                weights += max(2.0 * m.vocab * m.hidden + 3 * chunk, 2 * layer)
+                weights += max(2.0 * m.vocab * m.hidden + 1.5 * chunk, 2 * layer)
         return weights + grads + optim
 
     def act_bytes_per_token(self, ckpt_layers: int | None = None) -> float:

@@ -16,6 +16,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,36 @@ def load_workload(spec: RunSpec) -> tuple[np.ndarray, int | None]:
             raise ValueError(f"--samples {spec.samples}: must be >= 1")
         lengths = lengths[: spec.samples]
     return lengths, None
+
+
+PLAN_BYTES_PER_JSON_BYTE = 24  # a plan's peak memory while read and simulated, per byte of its JSON (measured)
+
+
+def load_plan_file(path: Path) -> Plan:
+    """A Plan JSON file, read and validated; one line for a file that is missing, not a plan, or too large for the
+    memory this process may take (refused by its size before it is read; a MemoryError while reading is said the
+    same way)."""
+    if not path.is_file():
+        raise ValueError(f"plan file {path}: no such file")
+    from .hostmem import available_bytes
+
+    size = path.stat().st_size
+    free = available_bytes()
+    need = size * PLAN_BYTES_PER_JSON_BYTE
+    too_big = (f"plan file {path}: {size / 2**20:,.0f} MiB of JSON takes about {need / 2**30:.1f} GiB to read and "
+               f"simulate, more than the {{free}} this process may use; simulate fewer steps (`longpack plan "
+               "--steps N`), or on a machine with more memory")
+    if free is not None and need > free:
+        raise ValueError(too_big.format(free=f"{free / 2**30:.1f} GiB"))
+    try:
+        p = Plan.from_json(path.read_text(encoding="utf-8"))
+        p.validate()
+    except MemoryError:
+        raise ValueError(too_big.format(free="memory")) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc).splitlines()[0]
+        raise ValueError(f"plan file {path}: {why}; give a Plan JSON written by `longpack plan --out`") from None
+    return p
 
 
 def build_cost(spec: RunSpec, model: ModelSpec | None = None, runtime: bool = False) -> CostModel:

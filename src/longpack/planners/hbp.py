@@ -35,6 +35,7 @@ import numpy as np
 from ..cost import CostModel
 from ..plan import MicroBatch, Plan, Step, make_pieces
 from ..progress import tick
+from ..sources import check_lengths
 from .base import PlanContext, apply_overlong, assemble_step, chain_pieces
 from .hbp_groups import Group, select_groups
 from .packers import isf
@@ -116,6 +117,7 @@ class HBP(Planner):
 
     def plan(self, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
              max_len: int | None = None, overlong: str = "split") -> Plan:
+        check_lengths(lengths, "lengths")  # a zero, negative or fractional length: ValueError naming the sample
         scope = np.sort(np.concatenate(batches)) if len(batches) else np.zeros(0, dtype=np.int64)
         world = ctx.world
         groups, report = self._groups(lengths[scope], ctx, world)

@@ -57,6 +57,9 @@ def _lpt(c: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
 def _gds(rows: Rows, ctx: PlanContext, rollback: str) -> Placed:
     cap, cp, dp = ctx.token_cap, ctx.cp, ctx.dp
     n_rows, width = rows.lengths.shape
+    if width == 0:  # every batch of the block runs its samples as chains, placed apart: nothing here
+        none = np.zeros((n_rows, 0), dtype=np.int64)
+        return Placed(none, none, np.zeros(n_rows, dtype=np.int64), rank=none, within=none)
     t_local, t_shard = (a.reshape(n_rows, width) for a in sequence_costs(rows.lengths.ravel(), ctx))
     group = _lpt(t_local, rows.counts, dp)
     # replica (row, g) = row * dp + g: its entries ascending by (length, sample)

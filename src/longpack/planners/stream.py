@@ -27,6 +27,7 @@ import numpy as np
 from ..columns import Lengths, StepColumns
 from ..plan import Plan, Step
 from ..progress import tick
+from ..sources import check_lengths
 from .base import Batch, PlanContext, apply_overlong
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class PlanStream:
 
     def __init__(self, planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
                  max_len: int | None = None, overlong: str = "split", validate: bool = True) -> None:
+        check_lengths(lengths, "lengths")  # a zero, negative or fractional length: ValueError naming the sample
         self.made, self.validate = 0, validate
         self.whole = type(planner).whole_run  # this planner lays out the whole run at once
         if self.whole:

@@ -52,7 +52,8 @@ class PlanAhead:
         for s in range(len(self.stream)):
             t0 = time.perf_counter()
             try:
-                self.stream.next_step()
+                if s >= self.stream.made:  # a stream handed over part-planned (the launcher's) goes on from there
+                    self.stream.next_step()
                 if self._check is not None:
                     self._check(self.plan, s)
             except BaseException as exc:  # handed to the step that needed it, raised there

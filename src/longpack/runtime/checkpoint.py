@@ -92,19 +92,56 @@ def save(directory: str | Path, step: int, *, model: torch.nn.Module, optimizer:
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
-    dcp.save(_state(model, optimizer, first_layer), checkpoint_id=str(tmp))
-    if rank == 0:
-        rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
-        files = {p.name: _sha(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        meta = {"step": step, "sampler": sampler, "plan": fingerprint, "torch_rng": rng, "files": files,
-                "settings": settings or {}, **(extra or {})}
-        (tmp / META).write_text(json.dumps(meta))
-    _barrier()
+    failed = None
+    try:
+        dcp.save(_state(model, optimizer, first_layer), checkpoint_id=str(tmp))
+        if rank == 0:
+            rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+            files = {p.name: _sha(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+            meta = {"step": step, "sampler": sampler, "plan": fingerprint, "torch_rng": rng, "files": files,
+                    "settings": settings or {}, **(extra or {})}
+            (tmp / META).write_text(json.dumps(meta))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (DCP's CheckpointException derives from BaseException)
+        failed = _reason(exc, final.parent)
+    failed = _any(failed)  # every rank stops alike, none waits for a peer that left
+    if failed is not None:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
+        raise ValueError(f"--checkpoint-dir {directory}: step {step}'s checkpoint could not be written ({failed}); "
+                         "the run stopped, its last complete checkpoint is kept (--resume continues from it)")
     if rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
     _barrier()
     return final
+
+
+def _reason(exc: BaseException, folder: Path) -> str:
+    """What failed, in the OS's words where an OS error is behind it (each rank's, for DCP's exception); a writer
+    that lost the OS's error (torch's file writer says only where it stopped) on a full disk: the disk is full."""
+    inner = [e for e, _ in getattr(exc, "failures", {}).values()] if hasattr(exc, "failures") else []
+    for e in (*inner, exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and e.strerror:
+            return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    try:
+        if shutil.disk_usage(folder).free < 1 << 20:
+            return f"No space left on device ({shutil.disk_usage(folder).free >> 10} KiB free)"
+    except OSError:
+        pass
+    e = inner[0] if inner else exc
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _any(failed: str | None) -> str | None:
+    """The first rank's failure, seen by every rank (one small collective); ``failed`` alone in one process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return failed
+    seen: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, failed)
+    return next((f for f in seen if f is not None), None)
 
 
 def damage(folder: Path) -> str | None:

@@ -76,16 +76,29 @@ def preload(spec: ModelSpec, path: str | Path | None) -> None:
         pass
 
 
-def build(spec: ModelSpec, seed: int, dtype: torch.dtype) -> torch.nn.Module:
-    """A random-init transformers model of ``spec`` (seeded: every rank builds the same weights)."""
+def build(spec: ModelSpec, seed: int, dtype: torch.dtype, device: torch.device | None = None,
+          meta: bool | None = None) -> torch.nn.Module:
+    """A random-init transformers model of ``spec`` (seeded: every rank builds the same weights). With ``meta``
+    (the default on a GPU) it is built on ``meta`` and initialised where it will run, in ``dtype``: no fp32 copy on
+    the host, no host-to-device copy. Otherwise it is built on the host (the values the CPU tests compare)."""
     from transformers import AutoModelForCausalLM
 
     register()
     if spec.experts or spec.mla or not spec.gated_mlp:
         raise ValueError(f"model {spec.name}: only dense Llama/Qwen2 shapes can be built for training; give "
                          "--model-path for other checkpoints")
+    device = device or torch.device("cpu")
+    if not (device.type != "cpu" if meta is None else meta):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(_config(spec), attn_implementation=ATTN, dtype=dtype)
+    from .shard_load import restore_buffers
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_config(spec), attn_implementation=ATTN, dtype=dtype)
+    model.to_empty(device=device)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(spec), attn_implementation=ATTN, dtype=dtype)
+    model.init_weights()
+    restore_buffers(model)
     return model
 
 
@@ -143,8 +156,8 @@ def save(model: Any, state: dict[str, torch.Tensor], out: str | Path, tokenizer:
 
     for stale in (f for pattern in STALE_WEIGHTS for f in d.glob(pattern)):  # --overwrite-output-dir: no stale shard
         stale.unlink()
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
+    state = {k: v.to(dtype) for k, v in state.items()} if dtype is not None else dict(state)  # save_pretrained
+    # takes entries out of the dict it is given: a second attempt (runtime/output.py) needs them all
     model.config.use_cache = True  # the saved model generates as usual
     model.save_pretrained(d, state_dict=state)
     model.config.use_cache = False

@@ -12,32 +12,36 @@ from typing import Any
 import torch
 
 from .. import jobs
+from .data import EpochSource
 from .dist import free_port, leave
-from .failure import PeerLost, one_line, peer_lost
+from .failure import PeerLost, one_line, peer_lost, watch
 from .fit import check_fits
 from .run_plan import LAUNCHED, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
+from .startup import Phases
 from .step import check_step
-from .train import DTYPES, train
+from .train import DTYPES, Prepared, check_folders, train
 from .train_args import TrainArgs
 
 __all__ = ["launch"]
 
 
-def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any], errors: str) -> None:
+def _worker(rank: int, world: int, port: int, args_dict: dict[str, Any], errors: str,
+            prepared: Prepared | None = None) -> None:
     """One spawned rank: a user error (or a rank that stopped answering) becomes one line in ``errors/RANK`` and
     exit code 2, for :func:`launch` to report once."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      LONGPACK_HEARTBEAT=os.path.join(errors, f"{rank}.step"))
     args_dict = dict(args_dict)
     args_dict["run"] = jobs.RunSpec(**args_dict["run"])
     args = TrainArgs(**args_dict)
-    if args.threads is None:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        train(args)
+        train(args, prepared=prepared)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # leave together: tearing gloo down under a peer's feet can abort it
-    except Exception as exc:  # noqa: BLE001  (every error becomes the rank's one line; a lost peer is marked)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (every error, torch's BaseException ones too, becomes one line)
         lost = isinstance(exc, PeerLost) or (isinstance(exc, RuntimeError) and peer_lost(exc))
         with open(os.path.join(errors, f"{rank}.peer" if lost else str(rank)), "w") as f:
             f.write(one_line(exc))
@@ -53,41 +57,46 @@ def launch(args: TrainArgs, nproc: int) -> None:
     if nproc < 1:
         raise ValueError(f"--nproc {nproc}: must be >= 1")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    spec = _before_spawning(args, nproc, device)
-    os.environ[LAUNCHED] = "1"  # what the ranks would say of reading the rows is said
+    spec, prepared = _before_spawning(args, nproc, device)
+    os.environ[LAUNCHED] = "1"  # what the ranks would say of reading the rows and planning is said
     try:
         if nproc == 1:
-            train(args)
+            train(args, prepared=prepared)
             if torch.distributed.is_initialized():  # the group of one FSDP2 ran on: closed, not left to exit's
                 torch.distributed.destroy_process_group()
             return
-        _spawn(args, nproc, device, spec)
+        _spawn(args, nproc, device, spec, prepared)
     finally:
         os.environ.pop(LAUNCHED, None)
 
 
-def _before_spawning(args: TrainArgs, nproc: int, device: torch.device) -> Any:
+def _before_spawning(args: TrainArgs, nproc: int, device: torch.device) -> tuple[Any, Prepared]:
     """Fail fast in the parent with a clear message, before allocating or spawning anything: the model fits, the
     rows read (once, here: the ranks map the token store this builds), the plan and its first step, the held-out
-    rows. Returns the model's shapes."""
+    rows. Returns the model's shapes and what was read and planned, for ranks that share this memory."""
+    clock = Phases()
     spec = model_spec(args)
     check_fits(spec, world=nproc, local=nproc, fsdp=sharded(args, nproc), dtype=DTYPES[args.dtype], device=device,
                per_layer=zero_stage(args, nproc, spec) == 3)
+    check_folders(args, spec, nproc)
     source = load_source(args, spec.vocab, say=jobs.say)
-    stream, _ = plan_stream(args, nproc, source, spec=spec, note=None)  # the ranks say what there is to say
+    clock.mark("data")
+    if args.run.epochs > 1:  # the plan's samples are every epoch's copies of the rows (as train makes them)
+        source = EpochSource(source, len(source.lengths))  # type: ignore[attr-defined]
+    stream, cost = plan_stream(args, nproc, source, spec=spec, note=jobs.say)
     if args.eval_data:
         held_out(args, nproc, spec, say=jobs.say)
     if len(stream):  # the run's first step too: a layout it cannot run is refused before spawning
         stream.next_step()
         check_step(stream.plan, 0)
-    return spec
+    clock.mark("plan")
+    return spec, Prepared(source, stream, cost, clock)
 
 
-def _spawn(args: TrainArgs, nproc: int, device: torch.device, spec: Any) -> None:
+def _spawn(args: TrainArgs, nproc: int, device: torch.device, spec: Any, prepared: Prepared) -> None:
     import tempfile
 
     import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
 
     # On the host the ranks are forked from this process, which has imported torch and the model's class already
     # (seconds each rank would spend again); CUDA cannot be used in a forked child, so GPU ranks are spawned.
@@ -97,21 +106,13 @@ def _spawn(args: TrainArgs, nproc: int, device: torch.device, spec: Any) -> None
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a fast tokenizer's threads do not survive a fork
         preload(spec, args.model_path)
+        prepared.clock.mark("model")  # the model's class imported, once for every rank
     with tempfile.TemporaryDirectory(prefix="longpack-errors-") as errors:
-        ctx = mp.start_processes(_worker, args=(nproc, free_port(), asdict(args), errors), nprocs=nproc, join=False,
-                                 start_method=method)
-        try:
-            while not ctx.join(grace_period=5):  # a failed rank's peers get 5 s to stop, then SIGKILL
-                pass
-        except ProcessException as exc:
-            # the cause first: a rank's own error before the peers that saw it leave, then the lowest rank
-            said = sorted(os.listdir(errors), key=lambda n: (n.endswith(".peer"), int(n.split(".")[0])))
-            if not said or said[0].endswith(".peer") and str(exc.error_index) not in {n.split(".")[0] for n in said}:
-                # a rank ended from outside (killed, out of host memory): its end is the cause
-                how = (f"was killed ({exc.signal_name})" if getattr(exc, "signal_name", None)
-                       else f"exited with code {getattr(exc, 'exit_code', '?')}")
-                raise ValueError(f"rank {exc.error_index}: the process {how}; the run stopped (a checkpoint "
-                                 "cut short is never used: --resume takes the last complete one)") from None
-            with open(os.path.join(errors, said[0])) as f:
-                raise ValueError(f"rank {said[0].split('.')[0]}: {f.read()}") from None
+        # forked ranks share the launcher's memory, and with it its rows and plan; spawned ones read and plan again
+        shared = prepared if method == "fork" else None
+        ctx = mp.start_processes(_worker, args=(nproc, free_port(), asdict(args), errors, shared), nprocs=nproc,
+                                 join=False, start_method=method)
+        failure = watch(ctx.processes, errors, args.timeout)
+        if failure:
+            raise ValueError(failure)
     sys.stdout.flush()

@@ -5,9 +5,10 @@ With ``--report-to wandb`` (the ``wandb`` package installed; ``WANDB_MODE=offlin
 lines go to a Weights & Biases run whose files live in the log folder.
 
 Rank 0 writes them in ``--log-dir`` (default ``--output-dir``), flushed every step so a killed run keeps what it
-trained; a resumed run appends. Each line: step, loss, eval_loss (steps that evaluated), lr, grad_norm, tokens,
-targets, tokens_per_second, step_seconds, planner_wait_seconds and the largest measured and predicted memory over
-ranks (bytes).
+trained; a resumed run drops the lines of the steps it trains again (those the killed run logged after its last
+checkpoint) and appends, so each step is there once. Each line: step, loss, eval_loss (steps that evaluated), lr,
+grad_norm, tokens, targets, tokens_per_second, step_seconds, planner_wait_seconds and the largest measured and
+predicted memory over ranks (bytes).
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ REPORTERS = ("wandb",)
 
 
 class MetricsLog:
-    def __init__(self, directory: str | Path, report_to: tuple[str, ...] = (), config: dict | None = None) -> None:
+    def __init__(self, directory: str | Path, report_to: tuple[str, ...] = (), config: dict | None = None,
+                 resumed_at: int | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        if resumed_at is not None:
+            _drop_from(self.dir / "metrics.jsonl", resumed_at)
         self.file = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -65,3 +69,19 @@ class MetricsLog:
             self.wandb.finish()
         if self.board is not None:
             self.board.close()
+
+
+def _drop_from(path: Path, step: int) -> None:
+    """Keep the lines of ``path`` whose step is before ``step`` (a cut last line goes too), written atomically."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line)["step"]) < step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):  # a line cut by the kill
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+    tmp.replace(path)

@@ -3,6 +3,10 @@
 * ``--output-dir``: not an existing file, not the ``--model-path`` folder (nor inside it), and empty unless
   ``--overwrite-output-dir`` (as transformers spells it) — entries that are the run's own ``--checkpoint-dir``
   aside. It is created here, so a folder that cannot be made fails now, not after training.
+* space (:func:`check_space`, before step 0): each folder the run writes takes a probe file (a read-only mount or
+  folder is refused now), and its filesystem's free space must hold what the run will write there: the final
+  model, and two checkpoints (model and AdamW state: the one written and the one before it) — refused naming
+  the folder, the need and the free space, unless ``--no-space-check``.
 * ``--checkpoint-dir``: a fresh run (no ``--resume``) refuses a folder holding another run's checkpoints, which it
   would interleave with its own; a resume compares the settings recorded in the newest checkpoint's metadata with
   this run's (world size included) now, before the ranks load the model. The ranks check again on load, with the
@@ -18,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_output_dir", "check_checkpoint_dir", "check_model_dir", "STALE_WEIGHTS"]
+__all__ = ["check_output_dir", "check_checkpoint_dir", "check_model_dir", "check_space", "STALE_WEIGHTS"]
 
 STALE_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
 
@@ -92,3 +96,46 @@ def check_model_dir(path: str | Path, weights: bool = True) -> None:
     if weights and not any(f.endswith((".safetensors", ".bin")) for f in files):
         raise ValueError(f"--model-path {path}: no weights there (*.safetensors or *.bin); give a folder written "
                          "by save_pretrained")
+
+
+def _probe(folder: Path, flag: str) -> None:
+    """Write and remove a file in ``folder`` (made if missing): a read-only or full folder fails here."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".longpack-probe-{os.getpid()}"
+        with probe.open("wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{flag} {folder}: cannot write there ({exc.strerror}); give a folder you can write to"
+                         ) from None
+
+
+def check_space(output_dir: str | None, checkpoint_dir: str | None, params: float, out_bytes: int,
+                state_bytes: int) -> None:
+    """The folders' probe and free space (module docstring): the final model ``params`` x ``out_bytes``, a
+    checkpoint ``params`` x (1 + 2) x ``state_bytes`` (the weights and AdamW's two moments)."""
+    import shutil
+
+    needs: dict[int, list[tuple[str, Path, float, str]]] = {}
+    if output_dir:
+        out = Path(output_dir)
+        _probe(out, "--output-dir")
+        needs.setdefault(out.stat().st_dev, []).append(("--output-dir", out, params * out_bytes, "the final model"))
+    if checkpoint_dir:
+        ck = Path(checkpoint_dir)
+        _probe(ck, "--checkpoint-dir")
+        ckpt = params * 3 * state_bytes
+        needs.setdefault(ck.stat().st_dev, []).append(("--checkpoint-dir", ck, 2 * ckpt,
+                                                      f"2 checkpoints of {ckpt / 2**30:.2f} GiB"))
+    for group in needs.values():
+        flag, folder, _, _ = group[-1]
+        need = sum(n for _, _, n, _ in group)
+        free = shutil.disk_usage(folder).free
+        if need > free:
+            what = " and ".join(f"{w} ({f})" for f, _, _, w in group)
+            raise ValueError(f"{flag} {folder}: {free / 2**30:.2f} GiB free, the run writes about "
+                             f"{need / 2**30:.2f} GiB there: {what}; free some space, give a folder on another disk, "
+                             "or --no-space-check")

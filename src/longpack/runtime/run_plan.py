@@ -119,4 +119,21 @@ def held_out(args: TrainArgs, world: int, spec: ModelSpec, say: Any = None) -> E
     rows = _rows(args, args.eval_data, spec.vocab, say, "--eval-data")
     run = replace(args.run, global_batch=len(rows.ids), steps=None, epochs=1)
     plan, _ = build_plan(replace(args, data=args.eval_data, run=run), world, source=rows, spec=spec, note=None)
+    _check_positions(args, spec, plan, rows)
     return Evaluation(plan, rows)
+
+
+def _check_positions(args: TrainArgs, spec: ModelSpec, plan: Plan, rows: Any) -> None:
+    """Refuse held-out rows longer than the model's positions, as training rows are (runtime/hf_model.py),
+    naming the row."""
+    from .hf_model import config_of, positions
+
+    covered = positions(config_of(spec, args.model_path))
+    if covered is None or not plan.lengths:
+        return
+    sample = max(plan.lengths, key=plan.effective_length)
+    n = plan.effective_length(sample)
+    if n > covered:
+        raise ValueError(f"--eval-data: {rows.where(int(rows.rows[sample]))} has {n} tokens, longer than the "
+                         f"{covered} positions the model was trained for (max_position_embeddings, times its "
+                         f"rope_scaling factor if any); cap --max-len at {covered} or leave that row out")

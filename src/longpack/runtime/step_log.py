@@ -28,8 +28,17 @@ def emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
         print(f"done: {s['steps']} steps, {s['tokens_per_second']:.0f} tokens/s, final loss {s['final_loss']:.4f}, "
               f"waited {s['planner_wait_seconds']:.2f} s on the planner (planning took {s['planning_seconds']:.2f} s)"
               + (f", saved {s['output_dir']}" if s.get("output_dir") else ""), flush=True)
+    elif "run" in record:
+        r = record["run"]
+        print(f"run: {r['processes']} process{'es' if r['processes'] > 1 else ''}, {r['threads']} thread"
+              f"{'s' if r['threads'] > 1 else ''} each, {r['device']}, {r['dtype']}, head loss: {r['head_loss']}",
+              flush=True)
     elif "data" in record:
         print("data: " + record["data"]["line"], flush=True)
+    elif "startup" in record:
+        from .startup import Phases
+
+        print(Phases.line(record["startup"]), flush=True)
     else:
         mem = record["memory"]
         print(f"step {record['step']:5d}  loss {record['loss']:.4f}  lr {record['lr']:.3g}  grad norm "

@@ -26,6 +26,7 @@ from .. import jobs
 from ..cost import CostModel
 from ..model import ModelSpec
 from ..plan import Plan
+from ..planners.stream import PlanStream
 from ..progress import Meter
 from . import checkpoint
 from .accounting import chained_samples, data_report
@@ -34,50 +35,72 @@ from .context_parallel import CPGroups
 from .data import EpochSource, PlanSampler, Source
 from .dist import DistContext, init_distributed
 from .evaluate import Evaluation
-from .failure import step_failure
+from .failure import heartbeat, step_failure
 from .fit import check_fits
 from .metrics import MetricsLog
 from .optim import adamw, build_scheduler, clip_gradients, warmup_of
 from .output import save_output
 from .resume import fingerprint, resume
 from .run_plan import LAUNCHED, build_plan, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
+from .startup import Phases
 from .step import check_step
 from .step_log import emit, rank_record
 from .train_args import TrainArgs, settings
 from .train_step import run_step
 
-__all__ = ["TrainArgs", "train", "build_plan", "plan_stream", "run_step", "settings", "DTYPES"]
+__all__ = ["Prepared", "TrainArgs", "train", "build_plan", "plan_stream", "run_step", "settings", "DTYPES"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
-def train(args: TrainArgs, ctx: DistContext | None = None) -> dict[str, Any]:
+@dataclass
+class Prepared:
+    """What the launcher read and planned before the ranks started (runtime/launch.py), handed to a rank that
+    shares its memory (one process, or forked) so the rows and the plan are made once."""
+
+    source: Source
+    stream: PlanStream
+    cost: CostModel
+    clock: Phases  # the launcher's start-up so far (imports, data, plan), which the rank goes on counting
+
+
+def train(args: TrainArgs, ctx: DistContext | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
     """Run the plan; returns {"steps": [per-step records], "summary": {...}, "data": {...}, "model": model}."""
+    clock = prepared.clock if prepared is not None else Phases()
     ctx = ctx or init_distributed(timeout=args.timeout)
+    clock.mark("process_group")
     _one_voice(ctx.rank)
     if ctx.device.type == "cuda" and args.dtype != "bfloat16":
         raise ValueError(f"--dtype {args.dtype} on CUDA: the attention (FlashAttention varlen) runs in bfloat16; "
                          "use --dtype bfloat16 (parameters and optimizer state stay float32)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads_per_process(args))
     spec = model_spec(args)
     check_fits(spec, world=ctx.world, local=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                fsdp=sharded(args, ctx.world), dtype=DTYPES[args.dtype], device=ctx.device,
                per_layer=zero_stage(args, ctx.world, spec) == 3)
-    say = jobs.say if ctx.rank == 0 and not os.environ.get(LAUNCHED) else None  # the launcher said it already
-    source = load_source(args, spec.vocab, say)
+    launched = bool(os.environ.get(LAUNCHED))  # the launcher read the rows and planned: what it said is said
+    if not launched and int(os.environ.get("LOCAL_RANK", "0")) == 0:  # torchrun: once per machine
+        check_folders(args, spec, ctx.world)
+    say = jobs.say if ctx.rank == 0 and not launched else None
+    source = prepared.source if prepared is not None else load_source(args, spec.vocab, say)
     if hasattr(source, "digest") and args.checkpoint_dir:  # what a checkpoint records, and a resume compares
         args = replace(args, data_content=source.digest())
-    if args.run.epochs > 1:  # the plan's samples are every epoch's copies of the rows
+    if args.run.epochs > 1 and prepared is None:  # the plan's samples are every epoch's copies of the rows
         n = len(source.lengths) if hasattr(source, "lengths") else len(jobs.load_workload(args.run)[0])
         source = EpochSource(source, n)
+    if prepared is None:
+        clock.mark("data")
     t_plan = time.perf_counter()
-    stream, cost = plan_stream(args, ctx.world, source, spec, note=jobs.say if ctx.rank == 0 else None)
+    if prepared is not None:
+        stream, cost = prepared.stream, prepared.cost
+    else:
+        stream, cost = plan_stream(args, ctx.world, source, spec, note=say)
     ahead = PlanAhead(stream, args.plan_ahead, check=check_step)  # steps planned on a thread while others train
     header = time.perf_counter() - t_plan  # the over-long policy over the whole run (the whole plan at depth 0)
+    clock.mark("plan")  # with a launcher's plan: this rank's checks and its planner thread
     try:
         evaluation = held_out(args, ctx.world, spec, say) if args.eval_data else None
-        return _train(args, ctx, spec, source, ahead, cost, header, evaluation)
+        return _train(args, ctx, spec, source, ahead, cost, header, evaluation, clock)
     finally:
         ahead.close()
 
@@ -98,9 +121,10 @@ class _Parts:
     mem_cost: CostModel  # the memory prediction at the run's own activation width (the planner assumes bf16)
 
 
-def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead, cost: CostModel) -> _Parts:
+def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead, cost: CostModel,
+           clock: Phases) -> _Parts:
     pipe = _pipeline(args, spec, ctx, cost)
-    model = _model(args, spec, ctx, ahead.plan, pipe.stage if pipe else 0)
+    model = _model(args, spec, ctx, ahead.plan, clock, pipe.stage if pipe else 0)
     if pipe is not None:
         pipe.model = model
     opt = adamw(model, args.lr, args.weight_decay)
@@ -118,24 +142,27 @@ def _parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanAhead,
 
 
 def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, ahead: PlanAhead, cost: CostModel,
-           header: float, evaluation: Evaluation | None = None) -> dict[str, Any]:
+           header: float, evaluation: Evaluation | None, clock: Phases) -> dict[str, Any]:
     """The training loop: per step, this rank's micro-batches forward and backward (run_step), the gradients
     clipped, AdamW and the schedule stepped, one read of the device, the step logged and checkpointed."""
     plan = ahead.plan
     report = data_report(plan, source)
+    emit(ctx, args, {"run": {"processes": ctx.world, "threads": torch.get_num_threads(), "device": ctx.device.type,
+                             "dtype": args.dtype, "head_loss": "longpack fused linear cross-entropy"}})
     emit(ctx, args, {"data": report})
-    p = _parts(args, ctx, spec, ahead, cost)
+    p = _parts(args, ctx, spec, ahead, cost, clock)
     first_layer = p.pipe.first_layer if p.pipe is not None else None
     cache: list[dict[str, Any]] = []  # the planned steps' JSON, for checkpoint fingerprints
     header += resume(args, p.model, p.opt, p.sampler, ctx, ahead, cache, first_layer, p.sched)
     norm_group = p.pipe.layout.cross_group if p.pipe is not None else None  # stages' squared norms add up
     tied = [p.pipe.tied_weight] if p.pipe is not None and p.pipe.last and p.pipe.tied_weight is not None else []
-    log = _metrics_log(args, ctx)
+    log = _metrics_log(args, ctx, p.sampler.step)
     progress: Meter | None = None  # rank 0's line on stderr: steps done, tokens/s, time left
     records: list[dict[str, Any]] = []
     chained: set[int] = set()
     t_start = time.perf_counter()
     for step, mbs in p.sampler:
+        heartbeat(step)
         t0, c0 = time.perf_counter(), time.thread_time()
         if ctx.rank == 0 and progress is None:  # from the first step this run trains (a resume's included)
             progress = Meter("train", len(ahead) - step, ("step",), "steps")
@@ -168,6 +195,9 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
         rec.update({"pipeline": p.pipe.record(ctx.world, ctx.rank)} if p.pipe is not None else {})
         records.append(rec)
         emit(ctx, args, rec)
+        if len(records) == 1:  # the first step this run trained: the start-up is over
+            clock.mark("first_step")
+            emit(ctx, args, {"startup": clock.record()})
         if log is not None:
             log.step(rec)
         if progress is not None:
@@ -186,16 +216,19 @@ def _train(args: TrainArgs, ctx: DistContext, spec: ModelSpec, source: Source, a
     if args.output_dir:
         save_output(args, p.model, ctx, p.pipe)
     emit(ctx, args, {"summary": summary})
-    return {"steps": records, "summary": summary, "data": report, "model": p.model}
+    return {"steps": records, "summary": summary, "data": report, "model": p.model, "startup": clock.record()}
 
 
-def _metrics_log(args: TrainArgs, ctx: DistContext) -> MetricsLog | None:
-    """Rank 0's metrics.jsonl (+ TensorBoard, + --report-to) in --log-dir, else --output-dir; None without one."""
+def _metrics_log(args: TrainArgs, ctx: DistContext, start: int) -> MetricsLog | None:
+    """Rank 0's metrics.jsonl (+ TensorBoard, + --report-to) in --log-dir, else --output-dir; None without one.
+    ``start``: the step a resumed run trains first (the records from it on, a killed run's, are dropped)."""
     where = args.log_dir or args.output_dir
     reporters = tuple(filter(None, args.report_to.split(",")))
     if reporters and not where:
         raise ValueError(f"--report-to {args.report_to}: needs --output-dir or --log-dir for its files")
-    return MetricsLog(where, reporters, settings(args, ctx.world)) if where and ctx.rank == 0 else None
+    if not where or ctx.rank != 0:
+        return None
+    return MetricsLog(where, reporters, settings(args, ctx.world), resumed_at=start or None)
 
 
 def _summary(args: TrainArgs, records: list[dict[str, Any]], report: dict[str, Any], chained: int, elapsed: float,
@@ -208,7 +241,8 @@ def _summary(args: TrainArgs, records: list[dict[str, Any]], report: dict[str, A
             "output_dir": args.output_dir, "threads": torch.get_num_threads(), "planning_seconds": planning,
             "planner_wait_seconds": sum(r["planner_wait_seconds"] for r in records)}
 
-def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage: int = 0) -> torch.nn.Module:
+def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, clock: Phases,
+           stage: int = 0) -> torch.nn.Module:
     from .hf_model import build, check_supported, load
 
     dtype = DTYPES[args.dtype]
@@ -223,28 +257,60 @@ def _model(args: TrainArgs, spec: ModelSpec, ctx: DistContext, plan: Plan, stage
         model = meta_model(config_of(spec, args.model_path), param_dtype)
         check_supported(model, longest)
         loss_head(model)
+        clock.mark("model")
         parallelize(model, ctx.world, ctx.device, dtype)
+        clock.mark("sharding")
         model.to_empty(device=ctx.device)
         load_shards(model, args.model_path)
         restore_buffers(model)
+        clock.mark("model")
         return model.train()
-    model = load(args.model_path, param_dtype) if args.model_path else build(spec, args.run.seed, param_dtype)
+    model = (load(args.model_path, param_dtype) if args.model_path
+             else build(spec, args.run.seed, param_dtype, ctx.device))
     check_supported(model, longest)
     if args.pp > 1:
         from .pipeline import split_model
 
         split_model(model, stage, args.pp)
     model.to(ctx.device).train()
+    clock.mark("model")
     if sharded(args, ctx.world):
         from .parallelize import parallelize
 
         parallelize(model, ctx.world, ctx.device, dtype, stages=args.pp)
+        clock.mark("sharding")
     return model
+
+
+def check_folders(args: TrainArgs, spec: ModelSpec, world: int) -> None:
+    """The output and checkpoint folders written to and their space (runtime/preflight.check_space), unless
+    ``--no-space-check``."""
+    if not args.space_check or args.dry_run:
+        return
+    from .preflight import check_space
+
+    dtype = DTYPES[args.dtype]
+    out = 2 if dtype == torch.bfloat16 else dtype.itemsize
+    state = stored_dtype(dtype, sharded(args, world)).itemsize
+    check_space(args.output_dir, args.checkpoint_dir, spec.total_params, out, state)
 
 
 def stored_dtype(dtype: torch.dtype, sharded: bool) -> torch.dtype:
     """The parameters' dtype for a run computing in ``dtype``: FSDP2 keeps fp32 shards and computes in bf16."""
     return torch.float32 if sharded and dtype == torch.bfloat16 else dtype
+
+
+def threads_per_process(args: TrainArgs) -> int:
+    """torch's threads in each process: ``--threads``, else the cores this process may use shared by the processes
+    of its machine (LOCAL_WORLD_SIZE, which `--nproc` and torchrun both set), so the two launchers compute alike
+    and give the same bits."""
+    if args.threads:
+        return args.threads
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _one_voice(rank: int) -> None:

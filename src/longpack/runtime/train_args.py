@@ -59,6 +59,7 @@ class TrainArgs:
     plan_ahead: int = 4
     data_content: str | None = None  # the rows' digest (rows.TokenRows.digest), set once they are loaded
     dry_run: bool = False  # fake tensors, the model's config alone (runtime/dry_run.py)
+    space_check: bool = True  # the folders' free space checked before step 0 (runtime/preflight.check_space)
 
     def __post_init__(self) -> None:
         if not self.lr >= 0:
@@ -71,6 +72,9 @@ class TrainArgs:
             raise ValueError(f"--checkpoint-every {self.checkpoint_every}: must be >= 0 (0: never)")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir DIR to write to")
+        if self.resume and self.resume_if_present:
+            raise ValueError("--resume and --resume-if-present contradict each other (--resume demands a checkpoint, "
+                             "--resume-if-present starts at step 0 without one); give one of them")
         if (self.resume or self.resume_if_present) and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR, the folder of the run to continue")
         if self.shard not in SHARDS:

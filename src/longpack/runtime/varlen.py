@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import blockwise
 
-__all__ = ["Seqs", "attention", "forward", "backward", "uses_flash"]
+__all__ = ["Seqs", "attention", "attention_offsets", "forward", "backward", "uses_flash"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -207,6 +207,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Seqs) -> 
     if seqs.square:
         return _documents_cpu(q, k, v, seqs.q_lens)
     return _Varlen.apply(q, k, v, seqs)
+
+
+def attention_offsets(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int
+                      ) -> torch.Tensor:
+    """Causal documents [cu[i], cu[i+1]) of q, k, v (int32 offsets already on q's device, ``longest`` the longest
+    document as a host int), as :func:`attention`: for callers that get the offsets from elsewhere (a collator's
+    flash-attention kwargs); on the GPU no host read, on the CPU the offsets are read once."""
+    _check_device(q)
+    if uses_flash(q):
+        from torch.nn.attention.varlen import varlen_attn
+
+        gqa = q.shape[1] != k.shape[1] and _takes(_flash_ops()._varlen_attn, "enable_gqa")
+        return varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0),
+                           **({"enable_gqa": True} if gqa else {}))
+    return attention(q, k, v, Seqs.of_offsets(cu.tolist()))
 
 
 def _documents_cpu(q_thd: torch.Tensor, k_thd: torch.Tensor, v_thd: torch.Tensor, lens: list[int]) -> torch.Tensor:

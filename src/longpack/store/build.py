@@ -179,7 +179,8 @@ def _daemonic() -> bool:
 def _parallel(fn: Callable, tasks: Iterable, num_proc: int) -> Generator:
     """``fn`` over ``tasks``, results in order, on ``num_proc`` forked processes with at most ``2 num_proc + 2``
     tasks in flight (here, in order, with one process, where fork is not available, or in a daemonic process)."""
-    if num_proc <= 1 or "fork" not in multiprocessing.get_all_start_methods() or _daemonic():
+    one = isinstance(tasks, list) and len(tasks) <= 1  # a small file: no pool to start
+    if num_proc <= 1 or one or "fork" not in multiprocessing.get_all_start_methods() or _daemonic():
         for t in tasks:
             yield fn(t)
         return

