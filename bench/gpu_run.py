@@ -148,6 +148,7 @@ def main() -> None:
     schedule = [(s, a) for s in setups(args.dry_run) for a in ARMS]
     print(f"gpu_run: {name}; budget {args.budget:.0f} s; {len(schedule)} arms; "
           f"liger {'yes' if have['hf_liger'] else 'absent'}, trl {'yes' if have['trl_bfd'] else 'absent'}", flush=True)
+    _say_schedule(schedule, have, args.budget, args.dry_run)
     arms_file = args.out / "arms.jsonl"
     arms_file.write_text("")
     profiled = False
@@ -194,6 +195,22 @@ def main() -> None:
 
         write_section("gpu-vs-hf", "GPU: longpack against Hugging Face at its best",
                       "bench/gpu.sh (bench/gpu_run.py)", report)
+
+
+def _say_schedule(schedule: list, have: dict, budget: float, dry: bool) -> None:
+    """Each arm's expected seconds and where the budget ends, before anything runs."""
+    from longpack.workloads import generate
+
+    at = 0.0
+    for setup, arm in schedule:
+        if arm in have and not have[arm]:
+            continue
+        tokens = int(np.minimum(generate(setup["rows"], setup["steps"] * setup["batch"], seed=0),
+                                setup["max_len"]).sum())
+        at += expected_seconds(arm, setup, tokens, dry)
+        mark = "" if at <= budget else "  (past the budget: skipped unless earlier arms are quicker)"
+        print(f"  {setup['model']:13s} {setup['rows']:17s} {arm:16s} ~{at:5.0f} s{mark}", flush=True)
+    print(f"  then the profile, parity and calibration in what is left of {budget:.0f} s", flush=True)
 
 
 def _imports(name: str) -> bool:
