@@ -1,7 +1,7 @@
 """The arms of bench/gpu_run.py, each one training run in this process on the same rows and checkpoint, timed
 after its warm-up steps, returning one dict of figures.
 
-* ``longpack`` / ``longpack_padded`` — `longpack train` (runtime/train.train, in process): the unified plan, and
+* ``longpack`` / ``longpack_padded`` — `longpack train` (runtime/run/train.train, in process): the unified plan, and
   random_padded (padded micro-batches) on the same engine; bf16 compute, fp32 masters (FSDP2 on one process),
   fused AdamW, the fused linear cross-entropy.
 * ``hf_flatten`` — transformers.Trainer, the model in fp32 under bf16 autocast (``bf16=True``), fused AdamW
@@ -38,7 +38,7 @@ def register_kernel() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    from longpack.runtime import varlen
+    from longpack.runtime.kernel import varlen
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):  # noqa: ANN001
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
@@ -178,12 +178,12 @@ def longpack_arm(planner: str, ckpt: Path, rows_path: Path, cap: int, steps: int
     import torch.distributed as dist
 
     from longpack import jobs
-    from longpack.runtime.train import train
-    from longpack.runtime.train_args import TrainArgs
+    from longpack.runtime.run.train import train
+    from longpack.runtime.run.train_args import TrainArgs
 
     run = jobs.RunSpec(model="model", hardware="h100" if gpu else "cpu", global_batch=batch, steps=steps,
                        token_cap=cap, max_len=max_len, seed=0)
-    args = TrainArgs(planner=planner, run=run, data=str(rows_path), model_path=str(ckpt), lr=1e-4,
+    args = TrainArgs.of(planner=planner, run=run, data=str(rows_path), model_path=str(ckpt), lr=1e-4,
                      dtype="bfloat16" if gpu else "float32", plan_ahead=4, timeout=300.0)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()

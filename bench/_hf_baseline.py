@@ -14,9 +14,9 @@ Modes, each the baseline at its best and under its own sampler:
 * ``longpack`` — LongpackTrainer (the unified plan on the longpack engine).
 
 Every arm: AdamW, constant LR, no clipping, 1 thread per process, and one attention kernel, registered as
-``attn_implementation="per_document"``: longpack's own (runtime/varlen.attention: each document causal on its own,
-FlashAttention varlen on a GPU, batched causal SDPA per length on a CPU), fed each packed row's documents from its
-position ids and each padded row's length from its mask. No arm pays a dense mask over a packed row.
+``attn_implementation="per_document"``: longpack's own (runtime/kernel/varlen.attention: each document causal on its
+own, FlashAttention varlen on a GPU, batched causal SDPA per length on a CPU), fed each packed row's documents from
+its position ids and each padded row's length from its mask. No arm pays a dense mask over a packed row.
 
 Step seconds and compute seconds (the CPU time of the process's own thread, time.thread_time), both from the end
 of the step before (a TrainerCallback): fetching and collating the step's rows, forward, backward and AdamW; the
@@ -42,7 +42,7 @@ def per_document_attention(module, query, key, value, attention_mask, scaling=No
                            **kwargs):  # noqa: ANN003, ANN201
     """[B, H, T, D] -> ([B, T, H, D], None): a packed row's documents (position ids restarting at 0) or each
     padded row's first n tokens (n from the boolean mask's diagonal: right padding) causally, each on its own."""
-    from longpack.runtime import varlen
+    from longpack.runtime.kernel import varlen
 
     q, k, v = (t.transpose(1, 2).to(value.dtype) for t in (query, key, value))  # [B, T, H, D]
     b, t = q.shape[:2]
@@ -77,7 +77,7 @@ class _Timer:
     """A TrainerCallback: each optimizer step's wall seconds, and this thread's CPU seconds over it, each from the
     end of the step before (the first from the epoch's start): the Trainer fetches and collates a step's batches
     before its step-begin event, while `longpack train`'s step time includes building its micro-batches' tensors
-    from the rows (runtime/step.py), so both clocks cover the same work."""
+    from the rows (runtime/kernel/step.py), so both clocks cover the same work."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []

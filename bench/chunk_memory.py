@@ -36,9 +36,9 @@ def child(length: int, mode: str) -> None:
 
     from longpack.model import get_model
     from longpack.plan import MicroBatch, Piece, Plan, Replica, Step
-    from longpack.runtime.data import SyntheticCorpus
-    from longpack.runtime.hf_model import build
-    from longpack.runtime.step import run_micro_batches
+    from longpack.runtime.kernel.data import SyntheticCorpus
+    from longpack.runtime.kernel.step import run_micro_batches
+    from longpack.runtime.run.hf_model import build
 
     torch.set_num_threads(1)
     spec = get_model("tiny-llama")

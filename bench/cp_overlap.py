@@ -26,11 +26,11 @@ def worker(rank: int, world: int, port: int, out: str, planner: str, overlap: bo
 
     from longpack import jobs
     from longpack.model import get_model
-    from longpack.runtime.context_parallel import CPGroups
-    from longpack.runtime.data import SyntheticCorpus
     from longpack.runtime.dist import all_reduce_sum, init_distributed
-    from longpack.runtime.hf_model import build
-    from longpack.runtime.step import run_micro_batches
+    from longpack.runtime.kernel.cp import CPContext, CPGroups
+    from longpack.runtime.kernel.data import SyntheticCorpus
+    from longpack.runtime.kernel.step import run_micro_batches
+    from longpack.runtime.run.hf_model import build
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -45,8 +45,8 @@ def worker(rank: int, world: int, port: int, out: str, planner: str, overlap: bo
     times = []
     for s in range(len(plan.steps)):
         t0 = time.perf_counter()
-        run_micro_batches(model, plan, s, plan.steps[s].replicas[0].micro_batches, corpus, cp_rank=rank,
-                          cp_group=groups.group(2, rank), overlap=overlap)
+        run_micro_batches(model, plan, s, plan.steps[s].replicas[0].micro_batches, corpus,
+                          CPContext(degree=2, rank=rank, group=groups.group(2, rank), overlap=overlap))
         all_reduce_sum([p.grad for p in model.parameters() if p.grad is not None])
         model.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)

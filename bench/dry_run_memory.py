@@ -4,7 +4,7 @@
 
 Each configuration is the command a user would type for 8 (or 32) H100s — Qwen2.5 shapes from their presets, the
 unified planner with the token cap the cost model derives from 80 GiB, bf16 — run with ``--dry-run``
-(runtime/dry_run.py): one step on fake tensors, one process per group of ranks (``--jobs`` at once), no weights
+(runtime/run/dry_run.py): one step on fake tensors, one process per group of ranks (``--jobs`` at once), no weights
 read. The step's rows (``--lengths``, one global batch): 63 lengths drawn from the workload's published
 distribution (longpack.workloads) and one sample of exactly the configuration's length, so that a 32K, 64K or 128K
 sample is played (the published distributions rarely reach their cap in one batch). The table gives per rank the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU, memory and start-up: a single bf16 process (FSDP2 on a group of one: fp32 weights and AdamW state, bf16
 # compute) trained for real at the lengths longpack exists for, each step's measured peak (max_memory_allocated)
-# beside the cost model's prediction; the same command's CPU dry run (runtime/dry_run.py) is its other side.
+# beside the cost model's prediction; the same command's CPU dry run (runtime/run/dry_run.py) is its other side.
 #
 #   OUT=/tmp/gm bench/gpu_memory.sh        # on a machine with a CUDA GPU; outputs in OUT
 #

@@ -86,7 +86,7 @@ def checkpoint(name: str, folder: Path, dry: bool) -> Path:
     import torch
 
     from longpack.model import get_model
-    from longpack.runtime.hf_model import build
+    from longpack.runtime.run.hf_model import build
 
     path = folder / f"ckpt-{name}"
     if not (path / "config.json").is_file():

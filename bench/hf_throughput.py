@@ -135,11 +135,11 @@ def predicted_compute(model: Path, rows: Path, batch: int, n: int, planner: str,
     """The simulator's compute seconds per step and rank for the plan ``longpack train`` makes of these rows on
     ``n`` ranks."""
     from longpack import jobs
-    from longpack.runtime.run_plan import build_plan
-    from longpack.runtime.train_args import TrainArgs
+    from longpack.runtime.run.run_plan import build_plan
+    from longpack.runtime.run.train_args import TrainArgs
     from longpack.sim.simulate import simulate
 
-    args = TrainArgs(planner=planner, data=str(rows), model_path=str(model),
+    args = TrainArgs.of(planner=planner, data=str(rows), model_path=str(model),
                      run=jobs.RunSpec(workload="tiny-longtail", model="tiny-llama", hardware="cpu", token_cap=cap,
                                       global_batch=batch, cp=cp))
     plan, cost = build_plan(args, n, note=None)

@@ -3,12 +3,12 @@
     python bench/mixed_groups.py [--cells qwen2.5-7b:32:chunkflow-eval ...] [--steps 4] [--write]
 
 A step's replicas may be CP groups of several sizes (``Step.degrees``, FlexSP's heterogeneous groups, compared in
-HBP's Table 12). The unified planner makes such steps by default (``--opt mixed_groups``, planners/groups.py: its
-sharding kept, one greedy layout per split of the world, one micro-batch per group, kept where the simulator says it
-is at least 3% faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step) and
-``widen=1`` (CP groups wider than ``--cp`` 8 allowed, up to the world, as the regrouping here is too),
-applies that option's step (``groups.regroup``) to every step, and simulates both plans side by side: time,
-efficiency, and the groups each step ends on. The regrouped plan's mixed steps are held to the bound of such layouts
+HBP's Table 12). The unified planner makes such steps by default (``--opt mixed_groups``, planners/unified/groups.py:
+its sharding kept, one greedy layout per split of the world, one micro-batch per group, kept where the simulator says
+it is at least 3% faster). This script plans each cell with unified under ``mixed_groups=0`` (one degree a step) and
+``widen=1`` (CP groups wider than ``--cp`` 8 allowed, up to the world, as the regrouping here is too), applies that
+option's step (``groups.regroup``) to every step, and simulates both plans side by side: time, efficiency, and the
+groups each step ends on. The regrouped plan's mixed steps are held to the bound of such layouts
 (``bounds.mixed_step_bound``), weaker than that of one degree, so the two efficiencies are not comparable. Cost:
 unified's planning plus ``regroup`` per step (10-20 s a DP32·CP8 step).
 """
@@ -22,7 +22,7 @@ from dataclasses import replace
 from _report import write_section
 
 from longpack import jobs
-from longpack.planners.groups import regroup
+from longpack.planners.unified.groups import regroup
 from longpack.sim.simulate import simulate
 
 CELLS = ("qwen2.5-7b:32:chunkflow-eval", "qwen2.5-0.5b:32:chunkflow-eval", "qwen2.5-7b:4:chunkflow-eval",
@@ -79,7 +79,7 @@ def main() -> None:
                 + "\n".join("| " + " | ".join(r) + " |" for r in table)
                 + "\n\nH100 cost model, 64·DP samples a step, the first steps of each workload (seed 0). First: "
                 "unified under `--opt mixed_groups=0 --opt widen=1` (CP groups up to the world). Regrouped: each of "
-                "its steps after the step `mixed_groups=1` adds (planners/groups.py), which is unified's plan "
+                "its steps after the step `mixed_groups=1` adds (planners/unified/groups.py), which is unified's plan "
                 "under `widen=1`: its sharding "
                 "kept, laid out greedily on groups of several CP degrees, one micro-batch per group, where at least "
                 "3% faster. Its efficiency holds those steps to the bound of layouts on several degrees, which is "

@@ -1,4 +1,5 @@
-"""Pipeline bubbles measured on real stage processes beside the simulator's (runtime/pipeline.py, sim/pipeline.py).
+"""Pipeline bubbles measured on real stage processes beside the simulator's (runtime/kernel/pipeline.py,
+sim/pipeline.py).
 
     python bench/pipeline_bubble.py [--unit 512] [--steps 3] [--write]
 
@@ -63,10 +64,10 @@ def _toy_worker(rank: int, world: int, port: int, out: str, variant: str, unit: 
     import torch
 
     from longpack.model import ModelSpec
-    from longpack.runtime.data import SyntheticCorpus
     from longpack.runtime.dist import all_reduce_sum, init_distributed, leave
-    from longpack.runtime.hf_model import build
-    from longpack.runtime.pipeline import Layout, PipelineStage, split_model
+    from longpack.runtime.kernel.data import SyntheticCorpus
+    from longpack.runtime.kernel.pipeline import Layout, PipelineStage, split_model
+    from longpack.runtime.run.hf_model import build
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -79,7 +80,7 @@ def _toy_worker(rank: int, world: int, port: int, out: str, variant: str, unit: 
     rows = []
     for _ in range(steps + 1):  # the first step warms up
         torch.distributed.barrier()
-        stage.run_step(plan, 0, plan.steps[0].replicas[0].micro_batches, corpus, fwd, "token_mean", 1, 0, None)
+        stage.run_step(plan, 0, plan.steps[0].replicas[0].micro_batches, corpus, fwd_s=fwd)
         model.zero_grad(set_to_none=True)
         vals = torch.zeros((2, world), dtype=torch.float64)
         vals[:, rank] = torch.tensor([stage.useful, stage.span])

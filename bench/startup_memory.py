@@ -7,7 +7,7 @@ A Qwen2.5-0.5B-shaped checkpoint (random weights, bf16 safetensors, written once
 gloo processes as `longpack train` starts it with FSDP2:
 
 * sharded — the model built on ``meta``, sharded, each rank reading its rows of every weight from the
-  safetensors (runtime/shard_load.py);
+  safetensors (runtime/run/shard_load.py);
 * whole — ``from_pretrained`` in fp32 on every rank, then sharded (the start-up before sharded loading).
 
 Per rank, the peak resident set (``VmHWM``) and the resident set before the model (imports done, the model's
@@ -42,7 +42,7 @@ def checkpoint() -> Path:
     import torch
 
     from longpack.model import get_model
-    from longpack.runtime.hf_model import build
+    from longpack.runtime.run.hf_model import build
 
     model = build(get_model("qwen2.5-0.5b"), 0, torch.bfloat16)
     model.save_pretrained(CKPT)
@@ -55,7 +55,7 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     import torch
 
     from longpack.runtime.dist import init_distributed
-    from longpack.runtime.parallelize import parallelize
+    from longpack.runtime.kernel.parallelize import parallelize
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -67,8 +67,8 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
     cpu = torch.device("cpu")
     if mode == "sharded":
         from longpack.model import get_model
-        from longpack.runtime.hf_model import config_of
-        from longpack.runtime.shard_load import load_shards, meta_model, restore_buffers
+        from longpack.runtime.run.hf_model import config_of
+        from longpack.runtime.run.shard_load import load_shards, meta_model, restore_buffers
 
         config = config_of(get_model("qwen2.5-0.5b"), CKPT)
         model = parallelize(meta_model(config, torch.float32), world, cpu, torch.bfloat16)
@@ -76,7 +76,7 @@ def rank_main(rank: int, world: int, port: int, mode: str, out: str) -> None:
         load_shards(model, CKPT)
         restore_buffers(model)
     else:
-        from longpack.runtime.hf_model import load
+        from longpack.runtime.run.hf_model import load
 
         model = parallelize(load(CKPT, torch.float32), world, cpu, torch.bfloat16)
     Path(out, f"{mode}-{rank}.json").write_text(json.dumps({"before": before, "peak": _status("VmHWM")}))

@@ -9,7 +9,7 @@ and backward. Two measurements, gradient buffers allocated beforehand so that ne
 * allocator peak — the peak bytes the CPU allocator holds above the start of the step (``torch.profiler`` memory
   events; the CPU analogue of ``torch.cuda.max_memory_allocated``), temporaries included;
 * held for backward — what ``longpack train`` logs each step: distinct storages saved for backward plus the
-  inputs checkpointing keeps (runtime/memory.py).
+  inputs checkpointing keeps (runtime/kernel/memory.py).
 
 Beside them the cost model's activation bytes (``act_bytes_per_token(k) · tokens`` at 4 bytes a number), and each
 column as a ratio to k = 0: the figure the plan's checkpointing decision rests on.
@@ -29,10 +29,10 @@ def measure(vocab: int, tokens: int) -> list[dict]:
     from longpack.cost import CostModel, TrainConfig
     from longpack.hardware import get_hardware
     from longpack.model import get_model
-    from longpack.runtime import varlen
-    from longpack.runtime.engine import checkpointing, forward_logits
-    from longpack.runtime.hf_model import build
-    from longpack.runtime.memory import ActivationMeter, allocator_peak
+    from longpack.runtime.kernel import varlen
+    from longpack.runtime.kernel.engine import checkpointing, forward_logits
+    from longpack.runtime.kernel.memory import ActivationMeter, allocator_peak
+    from longpack.runtime.run.hf_model import build
 
     spec = replace(get_model("tiny-llama"), vocab=vocab)
     model = build(spec, 0, torch.float32).train()

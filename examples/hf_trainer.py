@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from longpack.hf import LongpackConfig, LongpackTrainer
-from longpack.runtime.data import SyntheticCorpus
+from longpack.runtime.kernel.data import SyntheticCorpus
 from longpack.runtime.dist import leave
 from longpack.workloads import generate
 

@@ -11,10 +11,10 @@ from longpack.cost import CostModel, TrainConfig
 from longpack.hardware import get_hardware
 from longpack.model import ModelSpec
 from longpack.planners import PlanContext, get_planner, global_batches
-from longpack.runtime.data import IGNORE, SyntheticCorpus
 from longpack.runtime.dist import all_reduce_sum, init_distributed, leave
-from longpack.runtime.hf_model import build
-from longpack.runtime.step import run_micro_batches
+from longpack.runtime.kernel.data import IGNORE, SyntheticCorpus
+from longpack.runtime.kernel.step import run_micro_batches
+from longpack.runtime.run.hf_model import build
 
 SPEC = ModelSpec(name="parity", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, vocab=61,
                  qkv_bias=True)
@@ -53,7 +53,7 @@ def make_plan(planner: str, dp: int, cap: int = 128, cp: int = 1, **options):
 
 
 def uneven_plan():
-    """One step on 2 ranks whose pass strings differ (runtime/passes.py): replica 0 runs a whole micro-batch,
+    """One step on 2 ranks whose pass strings differ (runtime/kernel/passes.py): replica 0 runs a whole micro-batch,
     then sample 4 as a chain of three 32-token chunks, the first recomputed (FB FFF B B FB); replica 1 an empty
     micro-batch, a whole one, an empty one and a whole one (FB FB) — the merged schedule gives replica 1 empty
     passes, and both ranks gather and reduce-scatter per layer in every pass."""
@@ -112,7 +112,7 @@ def parity_worker(rank: int, world: int, port: int, out: str, planner: str, mode
 def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int, cap: int, options: dict,
               overlap: bool = True) -> None:
     """One rank of a dp x cp run of step 0 of ``planner``'s plan; rank 0 saves the summed loss and gradients."""
-    from longpack.runtime.context_parallel import CPGroups
+    from longpack.runtime.kernel.cp import CPContext, CPGroups
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -123,8 +123,8 @@ def cp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: int,
     groups = CPGroups.build({cp}, world)
     model = make_model()
     mbs = plan.steps[0].replicas[rank // cp].micro_batches
-    loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=rank % cp,
-                                cp_group=groups.group(cp, rank) if cp > 1 else None, overlap=overlap)
+    ctx = CPContext(degree=cp, rank=rank % cp, group=groups.group(cp, rank) if cp > 1 else None, overlap=overlap)
+    loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), ctx)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     stats = torch.tensor([loss], dtype=torch.float64)
     all_reduce_sum(grads + [stats])
@@ -165,7 +165,7 @@ def step_reference(plan, step: int, layers: int | None = None) -> dict[str, torc
 
 def adaptive_worker(rank: int, world: int, port: int, out: str, groups_opt: str) -> None:
     """Every step of an HBP plan whose steps use different CP degrees; rank 0 saves each step's gradients."""
-    from longpack.runtime.context_parallel import CPGroups
+    from longpack.runtime.kernel.cp import CPContext, CPGroups
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -177,8 +177,8 @@ def adaptive_worker(rank: int, world: int, port: int, out: str, groups_opt: str)
     for step, st in enumerate(plan.steps):
         model.zero_grad(set_to_none=True)
         mbs = st.replicas[rank // st.cp].micro_batches
-        run_micro_batches(model, plan, step, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=rank % st.cp,
-                          cp_group=groups.group(st.cp, rank))
+        run_micro_batches(model, plan, step, mbs, SyntheticCorpus(SPEC.vocab, seed=0),
+                          CPContext(degree=st.cp, rank=rank % st.cp, group=groups.group(st.cp, rank)))
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
         all_reduce_sum(grads)
         saved.append({k: g.clone() for (k, _), g in zip(model.named_parameters(), grads, strict=True)})
@@ -204,7 +204,7 @@ def mixed_plan():
 
 def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
     """One rank of :func:`mixed_plan`; rank 0 saves the summed loss and gradients."""
-    from longpack.runtime.context_parallel import CPGroups
+    from longpack.runtime.kernel.cp import CPGroups
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -214,10 +214,9 @@ def mixed_worker(rank: int, world: int, port: int, out: str) -> None:
     step = plan.steps[0]
     groups = CPGroups.for_plan(plan, world)
     replica, _ = step.position(rank)
-    cp, cp_rank, group = groups.of(step, rank)
     model = make_model()
     loss, *_ = run_micro_batches(model, plan, 0, step.replicas[replica].micro_batches,
-                                SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=cp)
+                                 SyntheticCorpus(SPEC.vocab, seed=0), groups.context(step, rank))
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     stats = torch.tensor([loss], dtype=torch.float64)
     all_reduce_sum(grads + [stats])
@@ -241,9 +240,9 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
                 ckpt: int, gathers: str = "layer") -> None:
     """Step 0 of ``planner``'s plan on a dp x cp world under FSDP2, gathered per layer and pass (``gathers``
     "layer", ZeRO-3) or once per step ("step"); rank 0 saves the loss and the full gradients."""
-    from longpack.runtime.context_parallel import CPGroups
-    from longpack.runtime.parallelize import PassSync, StepSync, parallelize
-    from longpack.runtime.passes import NO_CLOCK
+    from longpack.runtime.kernel.cp import CPContext, CPGroups
+    from longpack.runtime.kernel.parallelize import PassSync, StepSync, parallelize
+    from longpack.runtime.kernel.passes import NO_CLOCK
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -252,13 +251,12 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
     plan.validate()
     step = plan.steps[0]
     groups = CPGroups.for_plan(plan, world) if step.cp > 1 else None
-    c, cp_rank, group = groups.of(step, rank) if groups else (1, 0, None)
     model = parallelize(make_model(), world, torch.device("cpu"), torch.float64)
     sync = (PassSync if gathers == "layer" else StepSync)(model, torch.device("cpu"))
     clock = sync.begin(plan, 0, rank) or NO_CLOCK
+    ctx = groups.context(step, rank, clock=clock) if groups else CPContext(clock=clock)
     loss, *_ = run_micro_batches(model, plan, 0, step.replicas[step.position(rank)[0]].micro_batches,
-                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c,
-                                 clock=clock)
+                                 SyntheticCorpus(SPEC.vocab, seed=0), ctx)
     sync.end()
     stats = torch.tensor([loss], dtype=torch.float64)
     all_reduce_sum([stats])
@@ -274,8 +272,8 @@ def fsdp_worker(rank: int, world: int, port: int, out: str, planner: str, cp: in
 
 def sync_rows(plan) -> str:
     """Every rank's row of step 0's pass schedule, joined."""
-    from longpack.runtime.passes import merge, replica_passes
-    from longpack.runtime.step import chain_segments
+    from longpack.runtime.kernel.passes import merge, replica_passes
+    from longpack.runtime.kernel.step import chain_segments
 
     reps = [r.micro_batches for r in plan.steps[0].replicas]
     return "".join(merge([replica_passes(mbs, chain_segments(plan, mbs)) for mbs in reps]))
@@ -312,8 +310,8 @@ def sharded_chain_plan(k: int | None = None, chunk: int = 32, cp: int = 2, dp: i
 def sharded_chain_worker(rank: int, world: int, port: int, out: str, k: int | None, chunk: int, cp: int,
                          ckpt: int, fsdp: bool) -> None:
     """One rank of :func:`sharded_chain_plan`; rank 0 saves the summed loss and gradients."""
-    from longpack.runtime.context_parallel import CPGroups
-    from longpack.runtime.step import check_runnable
+    from longpack.runtime.kernel.cp import CPGroups
+    from longpack.runtime.kernel.step import check_runnable
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -323,18 +321,17 @@ def sharded_chain_worker(rank: int, world: int, port: int, out: str, k: int | No
     check_runnable(plan)
     step = plan.steps[0]
     groups = CPGroups.for_plan(plan, world)
-    c, cp_rank, group = groups.of(step, rank)
     model = make_model()
     sync = clock = None
     if fsdp:
-        from longpack.runtime.parallelize import PassSync, parallelize
+        from longpack.runtime.kernel.parallelize import PassSync, parallelize
 
         model = parallelize(model, world, torch.device("cpu"), torch.float64)
         sync = PassSync(model, torch.device("cpu"))
         clock = sync.begin(plan, 0, rank)
+    ctx = groups.context(step, rank, **({"clock": clock} if clock is not None else {}))
     loss, *_ = run_micro_batches(model, plan, 0, step.replicas[step.position(rank)[0]].micro_batches,
-                                 SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank, cp_group=group, cp=c,
-                                 **({"clock": clock} if clock is not None else {}))
+                                 SyntheticCorpus(SPEC.vocab, seed=0), ctx)
     stats = torch.tensor([loss], dtype=torch.float64)
     if sync is not None:
         sync.end()
@@ -355,10 +352,10 @@ def pipeline_worker(rank: int, world: int, port: int, out: str, pp: int, cp: int
     = pp x dp x cp); rank 0 saves the loss and every stage's gradients under the whole model's names."""
     from dataclasses import replace
 
-    from longpack.runtime.context_parallel import CPGroups
-    from longpack.runtime.pipeline import Layout, PipelineStage, split_model
-    from longpack.runtime.stage_state import global_names
-    from longpack.runtime.step import check_runnable
+    from longpack.runtime.kernel.cp import CPContext, CPGroups
+    from longpack.runtime.kernel.pipeline import Layout, PipelineStage, split_model
+    from longpack.runtime.kernel.step import check_runnable
+    from longpack.runtime.run.stage_state import global_names
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -370,14 +367,13 @@ def pipeline_worker(rank: int, world: int, port: int, out: str, pp: int, cp: int
     check_runnable(plan)
     st = plan.steps[0]
     groups = CPGroups.for_plan(plan, world, stages=pp) if cp > 1 else None
-    c, cp_rank, group = groups.of(st, prank, offset=stage * n) if groups else (1, 0, None)
+    ctx = groups.context(st, prank, offset=stage * n) if groups else CPContext()
     spec = replace(SPEC, layers=layers)
     model = split_model(build(spec, 1234, torch.float64).train(), stage, pp)
     runner = PipelineStage(model, Layout.build(rank, world, pp, tied=False), rank, spec.hidden, torch.float64)
     mbs = st.replicas[st.position(prank)[0]].micro_batches
     fwd = [float(sum(p.stop - p.start for p in mb.pieces)) for mb in mbs]
-    loss, *_ = runner.run_step(plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), fwd, "token_mean", c, cp_rank,
-                               group)
+    loss, *_ = runner.run_step(plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), ctx, fwd)
     names = global_names(model, stage, pp)
     mine = {names[nm]: (p.grad if p.grad is not None else torch.zeros_like(p)) for nm, p in model.named_parameters()}
     full = build(spec, 1234, torch.float64)
@@ -408,10 +404,10 @@ __all__ = ["pipeline_worker", "sharded_chain_plan", "sharded_chain_worker",
 
 def shard_load_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
     """Rank ``rank`` starts the checkpoint at ``path`` as `longpack train` does under FSDP2 (meta model, sharded,
-    each rank reading its rows: runtime/shard_load.py); rank 0 saves the gathered weights and RoPE buffers."""
-    from longpack.runtime.hf_model import config_of
-    from longpack.runtime.parallelize import parallelize
-    from longpack.runtime.shard_load import load_shards, meta_model, restore_buffers
+    each rank reading its rows: runtime/run/shard_load.py); rank 0 saves the gathered weights and RoPE buffers."""
+    from longpack.runtime.kernel.parallelize import parallelize
+    from longpack.runtime.run.hf_model import config_of
+    from longpack.runtime.run.shard_load import load_shards, meta_model, restore_buffers
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import os
 FAULT = '''
 import importlib.util, os, signal, sys
 
-TARGET = {"raise": ("longpack.runtime.train", "run_step"), "kill": ("longpack.runtime.checkpoint", "save")}
+TARGET = {"raise": ("longpack.runtime.run.train", "run_step"), "kill": ("longpack.runtime.run.checkpoint", "save")}
 CALLS = [0]
 
 class _Hook:

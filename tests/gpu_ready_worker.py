@@ -1,4 +1,4 @@
-"""Run the runtime's execution paths on fake CUDA tensors (longpack.runtime.fakegpu) and print what the device
+"""Run the runtime's execution paths on fake CUDA tensors (tests/fakegpu.py) and print what the device
 check saw, one JSON object: {scenario: {"violations": [...], "error": str | None, "counts": {...}}}.
 
 Its own process: the fake CUDA device must be registered before torch is imported. Usage:
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from longpack.runtime import fakegpu
+import fakegpu
 
 fakegpu.activate()
 
@@ -21,11 +21,11 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 from longpack.model import ModelSpec  # noqa: E402
 from longpack.plan import MicroBatch, Piece, Plan, Replica, Step  # noqa: E402
-from longpack.runtime.context_parallel import CPGroups  # noqa: E402
-from longpack.runtime.data import SyntheticCorpus  # noqa: E402
 from longpack.runtime.dist import leave  # noqa: E402
-from longpack.runtime.hf_model import build  # noqa: E402
-from longpack.runtime.step import run_micro_batches  # noqa: E402
+from longpack.runtime.kernel.cp import CPContext, CPGroups  # noqa: E402
+from longpack.runtime.kernel.data import SyntheticCorpus  # noqa: E402
+from longpack.runtime.kernel.step import run_micro_batches  # noqa: E402
+from longpack.runtime.run.hf_model import build  # noqa: E402
 
 WORLD = 2
 CUDA = torch.device("cuda", 0)
@@ -43,10 +43,9 @@ def _model(spec: ModelSpec = SPEC) -> torch.nn.Module:
 def _run(plan: Plan, cp: int = 1, model: torch.nn.Module | None = None) -> None:
     model = model or _model()
     groups = CPGroups.for_plan(plan, WORLD) if cp > 1 else None
-    c, cp_rank, group = groups.of(plan.steps[0], 0) if groups else (1, 0, None)
+    ctx = groups.context(plan.steps[0], 0) if groups else CPContext()
     mbs = plan.steps[0].replicas[0].micro_batches
-    loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), cp_rank=cp_rank,
-                                 cp_group=group, cp=c)
+    loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), ctx)
     assert loss.device == CUDA, loss.device
 
 
@@ -69,14 +68,14 @@ def chain_cp2() -> None:
 
 
 def _pipeline(stage: int) -> None:
-    from longpack.runtime.pipeline import Layout, PipelineStage, split_model
+    from longpack.runtime.kernel.pipeline import Layout, PipelineStage, split_model
 
     layout = Layout.build(stage, WORLD, 2, tied=False)
     model = split_model(_model(), stage, 2)
     pipe = PipelineStage(model, layout, stage, SPEC.hidden, torch.bfloat16)
     plan = make_plan("isf", 1)
     mbs = plan.steps[0].replicas[0].micro_batches
-    pipe.run_step(plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), [1.0] * len(mbs), "token_mean", 1, 0, None)
+    pipe.run_step(plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), fwd_s=[1.0] * len(mbs))
     pipe.record(WORLD, stage)
 
 
@@ -89,32 +88,32 @@ def pp2_last_stage() -> None:
 
 
 def step_no_fsdp() -> None:
-    """train.run_step without FSDP: the gradients and the step's statistics all-reduced (world 2)."""
+    """The step runner without FSDP: the gradients and the step's statistics all-reduced (world 2)."""
     from longpack.runtime.dist import DistContext
-    from longpack.runtime.train_step import run_step
+    from longpack.runtime.kernel.step_fn import StepRunner
 
     plan = make_plan("isf", 2)
-    ctx = DistContext(rank=0, world=WORLD, device=CUDA)
-    stats, _ = run_step(_model(), plan, 0, plan.steps[0].replicas[0].micro_batches,
-                        SyntheticCorpus(SPEC.vocab, seed=0), ctx, None, "token_mean", None)
+    runner = StepRunner(DistContext(rank=0, world=WORLD, device=CUDA))
+    stats, _ = runner.run(_model(), plan, 0, plan.steps[0].replicas[0].micro_batches,
+                          SyntheticCorpus(SPEC.vocab, seed=0))
     assert stats.device == CUDA
 
 
 def step_fsdp_path() -> None:
-    """train.run_step on its FSDP2 branches over an unsharded model: the per-layer pass schedule with its empty
+    """The step runner on its FSDP2 branches over an unsharded model: the per-layer pass schedule with its empty
     one-token passes (PassSync, on a plan whose replicas' passes differ) and the pipeline's gather-once closing pass
     (StepSync), then the statistics' all-reduce. FSDP2's own shard init needs a real CUDA build, so its
     collectives are not run here."""
     from longpack.runtime.dist import DistContext
-    from longpack.runtime.parallelize import PassSync, StepSync
-    from longpack.runtime.train_step import run_step
+    from longpack.runtime.kernel.parallelize import PassSync, StepSync
+    from longpack.runtime.kernel.step_fn import StepRunner
 
     model = _model()
     runs = ((uneven_plan(), PassSync(model, CUDA), 1), (make_plan("isf", 2), StepSync(model, CUDA), 0))
     for plan, sync, rank in runs:
-        ctx = DistContext(rank=rank, world=WORLD, device=CUDA)
-        stats, _ = run_step(model, plan, 0, plan.steps[0].replicas[rank].micro_batches,
-                            SyntheticCorpus(SPEC.vocab, seed=0), ctx, None, "token_mean", sync)
+        runner = StepRunner(DistContext(rank=rank, world=WORLD, device=CUDA), sync=sync)
+        stats, _ = runner.run(model, plan, 0, plan.steps[0].replicas[rank].micro_batches,
+                              SyntheticCorpus(SPEC.vocab, seed=0))
         assert stats.device == CUDA
 
 
@@ -135,7 +134,7 @@ def trainer() -> None:
 
 def cpu_weights_bug() -> None:
     """The token weights left on the host (the bug this harness exists for): the check must catch it."""
-    from longpack.runtime import data
+    from longpack.runtime.kernel import data
 
     def moved_but_weights(self, device):  # noqa: ANN001, ANN202
         ids = torch.stack([self.input_ids, self.labels, self.position_ids]).to(device)

@@ -41,7 +41,7 @@ def main() -> None:
     torch.set_num_threads(1)
     trainer = hf_case.longpack_trainer(os.path.dirname(out), cp=cp, kind=kind, steps=steps)
     trainer.train()
-    from longpack.runtime.parallelize import fsdp_modules
+    from longpack.runtime.kernel.parallelize import fsdp_modules
 
     net = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     fsdp = len(fsdp_modules(net))

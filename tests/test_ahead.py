@@ -1,4 +1,4 @@
-"""Planning ahead (planners/stream.py, runtime/ahead.py): the streamed plan is the whole plan, step by step; the
+"""Planning ahead (planners/stream.py, runtime/run/ahead.py): the streamed plan is the whole plan, step by step; the
 planner thread stays a bounded number of steps ahead; a step that fails is raised at that step; training with and
 without planning ahead runs the same steps."""
 
@@ -10,7 +10,7 @@ import pool  # tests/pool.py: warm worker processes
 import pytest
 
 from longpack import jobs
-from longpack.runtime.ahead import PlanAhead
+from longpack.runtime.run.ahead import PlanAhead
 
 PLANNERS = ["isf", "fixed_cp", "skrull", "chunkflow", "unified", "hbp"]
 

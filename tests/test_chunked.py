@@ -9,10 +9,10 @@ import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import SPEC, make_model, plain_logits  # noqa: E402
 
 from longpack.plan import MicroBatch, Piece, Plan, Replica, Step  # noqa: E402
-from longpack.runtime import varlen  # noqa: E402
-from longpack.runtime.chunked import with_prefix  # noqa: E402
-from longpack.runtime.data import SyntheticCorpus  # noqa: E402
-from longpack.runtime.step import run_micro_batches  # noqa: E402
+from longpack.runtime.kernel import varlen  # noqa: E402
+from longpack.runtime.kernel.chunked import with_prefix  # noqa: E402
+from longpack.runtime.kernel.data import SyntheticCorpus  # noqa: E402
+from longpack.runtime.kernel.step import run_micro_batches  # noqa: E402
 
 RTOL = 1e-6  # float64; observed ~1e-15 (the same sums in another order)
 CORPUS = SyntheticCorpus(SPEC.vocab, seed=0)

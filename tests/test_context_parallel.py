@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import cp_worker, reference_grads  # noqa: E402
 
-from longpack.runtime.context_parallel import zigzag_blocks  # noqa: E402
 from longpack.runtime.dist import free_port  # noqa: E402
+from longpack.runtime.kernel.context_parallel import zigzag_blocks  # noqa: E402
 
 RTOL = 1e-6  # float64: only the order of additions differs
 

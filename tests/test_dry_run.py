@@ -1,5 +1,5 @@
 """`longpack train --dry-run`: a config-only model folder (no weights) on 1 and 2 fake ranks, each rank's memory peak
-counted on fake tensors beside the cost model's prediction (runtime/dry_run.py)."""
+counted on fake tensors beside the cost model's prediction (runtime/run/dry_run.py)."""
 
 import json
 import subprocess
@@ -57,13 +57,13 @@ def test_dry_run_refuses_bad_ranks_fast():
 
 
 def test_dry_run_without_filler_passes_keeps_the_peaks(tmp_path):
-    """The filler passes that keep FSDP2's collectives in step (runtime/passes.py) are not played by default: the
-    peaks are those with them, less the one-token graphs they hold (runtime/dry_run._own_passes)."""
+    """The filler passes that keep FSDP2's collectives in step (runtime/kernel/passes.py) are not played by default: the
+    peaks are those with them, less the one-token graphs they hold (runtime/run/dry_run._own_passes)."""
     from longpack import jobs
-    from longpack.runtime import dry_run as dr
-    from longpack.runtime import parallelize
-    from longpack.runtime.parallelize import PassSync
-    from longpack.runtime.train_args import TrainArgs
+    from longpack.runtime.kernel import parallelize
+    from longpack.runtime.kernel.parallelize import PassSync
+    from longpack.runtime.run import dry_run as dr
+    from longpack.runtime.run.train_args import TrainArgs
 
     transformers.LlamaConfig(vocab_size=32000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768
@@ -71,7 +71,7 @@ def test_dry_run_without_filler_passes_keeps_the_peaks(tmp_path):
     (tmp_path / "lengths.txt").write_text("3000\n200\n100\n100\n")  # a chain of chunks beside short samples
     run = jobs.RunSpec(lengths_file=str(tmp_path / "lengths.txt"), model="tiny-llama", hardware="h100",
                        global_batch=4, max_len=4096, token_cap=1024)
-    args = TrainArgs(run=run, model_path=str(tmp_path), dtype="bfloat16", shard="layer", json_log=True,
+    args = TrainArgs.of(run=run, model_path=str(tmp_path), dtype="bfloat16", shard="layer", json_log=True,
                      dry_run=True)
     rows: list[str] = []
     begin, empty = PassSync.begin, parallelize.empty_loss

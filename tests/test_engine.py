@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from longpack.runtime import varlen  # noqa: E402
-from longpack.runtime.engine import forward_logits  # noqa: E402
-from longpack.runtime.hf_model import check_supported, load, spec_of  # noqa: E402
+from longpack.runtime.kernel import varlen  # noqa: E402
+from longpack.runtime.kernel.engine import forward_logits  # noqa: E402
+from longpack.runtime.run.hf_model import check_supported, load, spec_of  # noqa: E402
 
 SHAPE = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2)

@@ -1,4 +1,4 @@
-"""The execution paths on fake CUDA tensors (longpack.runtime.fakegpu): no tensor of a step left on the host, no
+"""The execution paths on fake CUDA tensors (tests/fakegpu.py): no tensor of a step left on the host, no
 CPU-only kernel, no host tensor in a collective, no attention mask, and host syncs that do not grow with layers or
 documents. One process runs every scenario (tests/gpu_ready_worker.py: the fake device must be registered before
 torch is imported), about a minute on two cores: the price of building and running each path once."""

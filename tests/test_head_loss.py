@@ -1,4 +1,4 @@
-"""The chunked head + cross-entropy (runtime/head_loss.py): equal to the whole-logits loss in float64, and no
+"""The chunked head + cross-entropy (runtime/kernel/head_loss.py): equal to the whole-logits loss in float64, and no
 [tokens, vocab] tensor is ever made for more tokens than a chunk — in the function and in a micro-batch of the
 engine."""
 
@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-from longpack.runtime import head_loss  # noqa: E402
-from longpack.runtime.head_loss import head_cross_entropy  # noqa: E402
+from longpack.runtime.kernel import head_loss  # noqa: E402
+from longpack.runtime.kernel.head_loss import head_cross_entropy  # noqa: E402
 
 
 class _Shapes(TorchDispatchMode):
@@ -112,8 +112,8 @@ def test_engine_micro_batch_never_allocates_whole_logits(monkeypatch):
     """A packed micro-batch of 402 tokens through the engine, forward and backward, with chunks of 32 tokens."""
     from dist_workers import SPEC, make_model, make_plan
 
-    from longpack.runtime.data import SyntheticCorpus
-    from longpack.runtime.step import run_micro_batches
+    from longpack.runtime.kernel.data import SyntheticCorpus
+    from longpack.runtime.kernel.step import run_micro_batches
 
     monkeypatch.setattr(head_loss, "CHUNK_BYTES", 32 * 4 * SPEC.vocab)
     plan = make_plan("isf", 1)

@@ -7,8 +7,8 @@ import pytest
 from helpers import make_cost, random_layout
 
 from longpack.plan import MicroBatch, Piece, Plan, PlanError, Replica, Step
-from longpack.planners.groups import MIN_GAIN
-from longpack.runtime.data import PlanSampler
+from longpack.planners.unified.groups import MIN_GAIN
+from longpack.runtime.kernel.data import PlanSampler
 from longpack.sim import simulate
 from longpack.sim.bounds import mixed_step_bound
 
@@ -175,7 +175,7 @@ def test_regroup_skips_the_search_only_where_no_layout_would_have_paid():
     """On lmsys batches at DP4·CP8 the bound of layouts on several sizes leaves no room for ``MIN_GAIN``: regroup
     returns the step without searching, and the search it skips finds no layout that would have been kept."""
     from longpack.planners import PlanContext, get_planner, global_batches
-    from longpack.planners.groups import layout_on_groups, regroup, shapes
+    from longpack.planners.unified.groups import layout_on_groups, regroup, shapes
     from longpack.sim.simulate import simulate_step
     from longpack.workloads import generate
 

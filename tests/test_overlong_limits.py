@@ -58,7 +58,7 @@ def test_hbp_keeps_a_configured_token_cap():
 
 def test_samples_beyond_the_models_positions_are_refused_unless_rope_scaling_covers_them():
     transformers = pytest.importorskip("transformers")
-    from longpack.runtime.hf_model import check_supported
+    from longpack.runtime.run.hf_model import check_supported
 
     def model(**kw):
         cfg = transformers.Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

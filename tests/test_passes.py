@@ -1,4 +1,4 @@
-"""The step's pass schedule (runtime/passes.py): every rank's row has the same kind in every slot, keeps its own
+"""The step's pass schedule (runtime/kernel/passes.py): every rank's row has the same kind in every slot, keeps its own
 passes in order, and never runs an empty backward without an empty forward's graph; the clock refuses a pass out
 of step. (That FSDP2 trains exactly on it: tests/test_fsdp.py, case uneven_passes.)"""
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from longpack.runtime.passes import Clock, merge
+from longpack.runtime.kernel.passes import Clock, merge
 
 
 def _check(strings):

@@ -1,4 +1,4 @@
-"""Pipeline parallelism for real (runtime/pipeline.py): the decoder split into stages on gloo processes, each
+"""Pipeline parallelism for real (runtime/kernel/pipeline.py): the decoder split into stages on gloo processes, each
 step's micro-batches in the state-aware 1F1B order, chains with their K/V store per stage — equal to
 single-process unpacked training of the same samples in float64."""
 
@@ -112,7 +112,7 @@ def test_pipeline_parity_tied_embeddings_pp2_cli(tmp_path):
     from dataclasses import replace
 
     from longpack.model import get_model
-    from longpack.runtime.hf_model import build, save
+    from longpack.runtime.run.hf_model import build, save
 
     model = build(replace(get_model("tiny-llama"), tied_embeddings=True), 0, torch.float64)
     assert model.config.tie_word_embeddings

@@ -62,7 +62,7 @@ def test_calibrate_fits_and_saves_a_loadable_hardware_spec(tmp_path):
     pytest.importorskip("torch")
     from longpack.hardware import load_hardware
     from longpack.model import get_model
-    from longpack.runtime.calibrate import calibrate
+    from longpack.runtime.run.calibrate import calibrate
 
     grid = [(16, 2), (32, 4), (64, 1), (128, 1), (16, 8), (64, 4)]
     hw, rep = calibrate(get_model("tiny"), repeats=1, threads=1, grid=grid)

@@ -56,14 +56,14 @@ def test_a_resumed_run_continues_the_same_lr_curve_bit_identical(tmp_path):
     ({"warmup_ratio": 1.5}, "--warmup-ratio 1.5: give steps >= 0 and a ratio in [0, 1)"),
 ])
 def test_schedule_and_clipping_flags_are_checked_when_given(kw, says):
-    from longpack.runtime.train import TrainArgs
+    from longpack.runtime.run.train import TrainArgs
 
     with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        TrainArgs(**kw)
+        TrainArgs.of(**kw)
 
 
 def test_clipping_scales_to_the_norm_and_measures_without_it():
-    from longpack.runtime.optim import clip_gradients
+    from longpack.runtime.run.optim import clip_gradients
 
     p, q = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64)), torch.nn.Parameter(torch.zeros(1))
     p.grad, q.grad = torch.tensor([3.0, 4.0], dtype=torch.float64), None
@@ -78,7 +78,7 @@ def test_clipping_scales_to_the_norm_and_measures_without_it():
 
 
 def test_adamw_is_the_fused_kernel_where_the_device_has_one_and_its_step_is_adamw():
-    from longpack.runtime.optim import adamw
+    from longpack.runtime.run.optim import adamw
 
     torch.manual_seed(0)
     a, b = torch.nn.Linear(3, 2).double(), torch.nn.Linear(3, 2).double()
@@ -118,7 +118,7 @@ def test_metrics_file_and_tensorboard_events_per_step(tmp_path):
 
 
 def test_a_resumed_run_may_find_its_own_metrics_in_the_output_dir(tmp_path):
-    from longpack.runtime.preflight import check_output_dir
+    from longpack.runtime.run.preflight import check_output_dir
 
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     check_output_dir(str(tmp_path), None, None, overwrite=False, resuming=True)
@@ -206,7 +206,7 @@ def test_report_to_wandb_offline(tmp_path):
 
 
 def test_report_to_an_unknown_service_is_refused():
-    from longpack.runtime.train import TrainArgs
+    from longpack.runtime.run.train import TrainArgs
 
     with pytest.raises(ValueError, match="--report-to 'comet': choose wandb"):
-        TrainArgs(report_to="comet")
+        TrainArgs.of(report_to="comet")

@@ -1,4 +1,4 @@
-"""Sharded start-up (runtime/shard_load.py): a checkpoint started on a meta model, sharded by FSDP2 over 3 ranks
+"""Sharded start-up (runtime/run/shard_load.py): a checkpoint started on a meta model, sharded by FSDP2 over 3 ranks
 (rows that do not divide evenly), each rank reading only its rows from the safetensors, holds exactly the weights
 and RoPE buffers that ``from_pretrained`` gives — untied and tied embeddings."""
 

@@ -1,4 +1,4 @@
-"""Chunk chains sharded over CP (runtime/sharded_chain.py): the chain's store sharded per rank, the prefix K/V
+"""Chunk chains sharded over CP (runtime/kernel/sharded_chain.py): the chain's store sharded per rank, the prefix K/V
 all-gathered per chunk and layer, forward ascending and backward descending on every rank of the group — equal to
 single-process unpacked training of the same samples in float64."""
 
@@ -61,7 +61,7 @@ def test_chunk_context_parallel_fsdp_parity_dp2_cp2_sharded_chains(tmp_path):
 def test_check_runnable_refuses_local_chunk_in_cp_group():
     from dataclasses import replace
 
-    from longpack.runtime.step import check_runnable
+    from longpack.runtime.kernel.step import check_runnable
 
     plan = sharded_chain_plan(1)
     step = plan.steps[0]
@@ -86,10 +86,10 @@ def test_chunk_train_cli_chunkflow_cp2_sharded_chains_same_loss_as_skrull():
     trains all 3 steps; its losses equal Skrull's on the same batches (one engine, exact up to float32 sums)."""
     from dataclasses import replace
 
-    from longpack.runtime.train import TrainArgs, build_plan
+    from longpack.runtime.run.train import TrainArgs, build_plan
 
     flags = ["--planner", "chunkflow", "--opt", "chunk_size=256", "--opt", "k=1", "--cp", "2"]
-    base = TrainArgs(planner="chunkflow")
+    base = TrainArgs.of(planner="chunkflow")
     args = replace(base, run=replace(base.run, cp=2, options={"chunk_size": 256, "k": 1}))
     plan, _ = build_plan(args, 2, note=None)
     assert any(p.cp_rank is None and plan.is_chunk(p) for *_, p in plan.iter_pieces())

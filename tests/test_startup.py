@@ -26,7 +26,7 @@ def test_json_gives_each_start_up_phase():
 
 def test_a_preset_built_on_meta_is_initialised_like_a_fresh_model():
     from longpack.model import get_model
-    from longpack.runtime.hf_model import build
+    from longpack.runtime.run.hf_model import build
 
     spec = get_model("tiny-llama")
     model = build(spec, 0, torch.float32, torch.device("cpu"), meta=True)

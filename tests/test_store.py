@@ -171,9 +171,9 @@ def test_a_template_error_names_the_file_and_line(tmp_path, bpe):
 
 def test_rows_with_no_target_are_counted_located_and_left_out(tmp_path, bpe):
     from longpack import jobs
-    from longpack.runtime.accounting import data_report
-    from longpack.runtime.run_plan import plan_stream
-    from longpack.runtime.train_args import TrainArgs
+    from longpack.runtime.run.accounting import data_report
+    from longpack.runtime.run.run_plan import plan_stream
+    from longpack.runtime.run.train_args import TrainArgs
 
     user_only = json.dumps({"messages": [{"role": "user", "content": "is anyone there"}]})
     path = tmp_path / "chats.jsonl"
@@ -184,7 +184,7 @@ def test_rows_with_no_target_are_counted_located_and_left_out(tmp_path, bpe):
     assert d["untargeted_at"] == [f"{path}:7", f"{path}:9"] and d["untargeted_dropped"] == 2
     kept = load_rows(path, tokenizer=str(bpe), keep_untargeted=True)
     assert len(kept.ids) == 8 and kept.describe()["untargeted_dropped"] == 0 and kept.digest() != rows.digest()
-    args = TrainArgs(data=str(path), tokenizer=str(bpe), run=jobs.RunSpec(model="tiny-llama", hardware="cpu",
+    args = TrainArgs.of(data=str(path), tokenizer=str(bpe), run=jobs.RunSpec(model="tiny-llama", hardware="cpu",
                                                                           token_cap=512, global_batch=4))
     stream, _ = plan_stream(args, 1, rows, note=None)
     line = data_report(stream.plan, rows)["line"]

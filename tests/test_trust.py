@@ -12,7 +12,7 @@ import pool  # tests/pool.py: warm worker processes
 import pytest
 from faults import faulty_env  # noqa: E402  (tests/faults.py)
 
-from longpack.runtime.preflight import check_checkpoint_dir, check_output_dir
+from longpack.runtime.run.preflight import check_checkpoint_dir, check_output_dir
 
 COMMON = ["--workload", "tiny-longtail", "--model", "tiny", "--planner", "isf", "--global-batch", "6", "--dtype",
           "float64", "--json"]
@@ -115,7 +115,7 @@ def test_resume_on_rows_with_other_tokens_is_refused(tmp_path):
 def test_overwritten_output_holds_no_stale_weight_files(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from longpack.runtime.hf_model import save
+    from longpack.runtime.run.hf_model import save
 
     out = tmp_path / "out"
     out.mkdir()
@@ -220,7 +220,7 @@ def test_calibrate_over_processes_reads_back_json_not_pickles():
     from pathlib import Path
 
     from longpack.model import ModelSpec
-    from longpack.runtime.calibrate import calibrate
+    from longpack.runtime.run.calibrate import calibrate
 
     src = Path(__file__).resolve().parent.parent / "src" / "longpack"
     assert not [p for p in src.rglob("*.py") if "torch.load(" in p.read_text()]  # nothing unpickles a file
@@ -232,14 +232,14 @@ def test_calibrate_over_processes_reads_back_json_not_pickles():
 def test_blank_lines_are_counted_and_errors_name_the_file_row(tmp_path):
     from longpack import jobs
     from longpack.rows import load_rows
-    from longpack.runtime.train import TrainArgs, plan_stream
+    from longpack.runtime.run.train import TrainArgs, plan_stream
 
     rows = tmp_path / "rows.jsonl"
     long = json.dumps({"input_ids": [3] * 40})
     rows.write_text('{"input_ids": [1, 2, 3, 4, 5]}\n\n{"input_ids": []}\n' + long + "\n")
     got = load_rows(rows).describe()
     assert got["rows"] == 4 and got["empty_dropped"] == 2 and got["empty_at"] == [f"{rows}:2", f"{rows}:3"]
-    args = TrainArgs(data=str(rows), run=jobs.RunSpec(model="tiny-llama", hardware="cpu", token_cap=16,
+    args = TrainArgs.of(data=str(rows), run=jobs.RunSpec(model="tiny-llama", hardware="cpu", token_cap=16,
                                                       global_batch=2, overlong="error"))
     with pytest.raises(ValueError, match=rf"^{rows}:4 has 40 tokens > limit 16"):  # sample 1, the file's line 4
         plan_stream(args, 1, note=None)

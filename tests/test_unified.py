@@ -499,6 +499,6 @@ def test_unified_chain_pieces_give_every_cp_rank_a_token():
     assert len(chain) >= 2 and min(p.stop - p.start for p in chain) >= 16
     assert simulate(plan, cost).oom_steps == 0
     pytest.importorskip("torch")
-    from longpack.runtime.step import check_step
+    from longpack.runtime.kernel.step import check_step
 
     check_step(plan, 0)

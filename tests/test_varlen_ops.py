@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from longpack.runtime import varlen  # noqa: E402
+from longpack.runtime.kernel import varlen  # noqa: E402
 
 OLD = ["query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "is_causal", "scale", "window_size",
        "k_cache", "v_cache", "cache_seqlens", "cache_batch_idx", "page_table", "seqused_k"]

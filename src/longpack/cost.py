@@ -1,36 +1,12 @@
 """Cost model: seconds and bytes of a packed micro-batch on one rank, shared by planners, simulator and bounds.
 
-Compute (per rank, per micro-batch, forward + backward). For a rank holding ``n`` tokens in one micro-batch and
-attention work of ``pairs`` (query, key) pairs split into blocks of ``q`` queries:
-
-    t_linear = n · (L·F_lin + F_head) · (3 + k/L) / (peak · mfu_gemm · n/(n + n_half))
-    t_attn   = Σ_blocks pairs · L · F_pair · (1 + bwd + k/L) / (peak · mfu_attn · q/(q + q_half))
-    t_fixed  = L · layer_overhead
-
-* ``F_lin`` / ``F_pair`` / ``F_head`` come from :class:`~longpack.model.ModelSpec`; 3 = forward + backward
-  (backward is two GEMMs per forward GEMM); ``bwd`` = 2.5 for FlashAttention, whose backward recomputes the
-  scores; ``k`` checkpointed layers of ``L`` add one more forward each.
-* Attention pairs of a piece covering tokens [a, b) of its document: ``causal · (b² − a²)`` where the causal
-  factor 0.5 (explicit, :attr:`TrainConfig.causal_factor`) says a kernel skips the masked half. A whole document
-  of length s costs ``causal · s²``; a packed micro-batch costs **Σ s_i², never (Σ s_i)²**, since documents never
-  attend to each other (Skrull App. C.2, HBP App. D). A chunk [a, b) attends to all earlier K/V, hence b² − a².
-* Efficiency falls for small work (Skrull Fig. 1b): a sequence sharded over N ranks with a zigzag split
-  gives each rank blocks of q = s/(2N) queries, which run at q/(q + q_half) of peak attention speed.
-
-Memory (per rank): ``static + fragmentation · α(k) · tokens + reserve (+ stored K/V of chunk chains)``.
-``static`` = bf16 weights + bf16 grads + fp32 master/Adam moments (2 + 2 + 12 bytes/param) sharded by ZeRO stage
-over the dp·cp group; ``α(k)`` = bytes per token of activations with k checkpointed layers; the token cap
-(Skrull's BucketSize, App. C.1) is the largest token count that fits. These are the papers' systems' figures (fused
-kernels, whole logits); ``TrainConfig.runtime`` prices longpack's own runtime instead — transformers' eager layers,
-the chunked head loss, FSDP2's per-layer gathering, the chain store's fp32 gradient accumulators — as
-`longpack train --dry-run` counts it on fake tensors (docs/BENCHMARKS.md, "Memory at scale").
-
-Communication: a sharded sequence's K/V is all-gathered over the CP group in forward, again in backward (and in
-recompute), and its gradient reduce-scattered, per layer; each collective costs
-``HardwareSpec.collective_s`` (piecewise with a latency floor). Gradients are all-reduced once per step over the
-dp·cp ranks that share parameters.
-
-Cost of evaluation: O(1) per (micro-batch, rank) with O(pieces) for the attention sum; everything vectorises.
+Compute: linear work per token (projections, MLP, head) and attention work per (query, key) pair — Σ s_i² of a
+packed micro-batch's documents, never (Σ s_i)² — forward and backward, with checkpointing's extra forwards, each
+at an efficiency that falls for small work (Skrull Fig. 1b). Memory: static state (weights, gradients, AdamW,
+ZeRO-sharded) + activations per token (α(k) with k checkpointed layers) + a reserve, whose inverse is the token
+cap (Skrull's BucketSize); ``TrainConfig.runtime`` prices longpack's own runtime as `longpack train --dry-run`
+counts it. Communication: the CP K/V exchange and the DP gradient all-reduce, piecewise with a latency floor.
+The formulas and their derivations: docs/COST_MODEL.md. O(1) per (micro-batch, rank), vectorised.
 """
 
 from __future__ import annotations
@@ -48,7 +24,7 @@ from .model import ModelSpec
 __all__ = ["TrainConfig", "CostModel", "attention_pairs"]
 
 COMM_MEMO = 1 << 16  # most scalar K/V exchange times a cost model keeps (cleared when full)
-RUNTIME_HEAD_CHUNK_BYTES = 1 << 30  # fp32 logits of one chunk of the runtime's head loss (runtime/head_loss.py)
+RUNTIME_HEAD_CHUNK_BYTES = 1 << 30  # fp32 logits of one chunk of the runtime's head loss (runtime/kernel/head_loss.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,12 +199,12 @@ class CostModel:
     def static_bytes(self) -> float:
         """Weights (2 B), gradients (2 B) and fp32 master + Adam moments (12 B) per parameter, ZeRO-sharded.
 
-        With ``runtime`` at ZeRO-3 (longpack's FSDP2 runtime, runtime/parallelize.py), plus what is gathered while
-        a step runs: the root (embeddings, head) in bf16 from a forward to its backward, the next decoder layer
-        prefetched, and the larger of the head's temporaries (its fp32 weight gradient, that gradient in bf16, a
-        chunk of fp32 logits and its bf16 copy: runtime/head_loss.py) and a layer's backward (the layer gathered in
-        bf16, its gradient's fp32 reduce-scatter buffer). With ``runtime`` at ZeRO-1 without pipeline stages
-        (gathered once per step: runtime/parallelize.StepSync), the whole gradients accumulate in fp32 and the head's
+        With ``runtime`` at ZeRO-3 (longpack's FSDP2 runtime, runtime/kernel/parallelize.py), plus what is gathered
+        while a step runs: the root (embeddings, head) in bf16 from a forward to its backward, the next decoder layer
+        prefetched, and the larger of the head's temporaries (its fp32 weight gradient, that gradient in bf16, a chunk
+        of fp32 logits and its bf16 copy: runtime/kernel/head_loss.py) and a layer's backward (the layer gathered in
+        bf16, its gradient's fp32 reduce-scatter buffer). With ``runtime`` at ZeRO-1 without pipeline stages (gathered
+        once per step: runtime/kernel/parallelize.StepSync), the whole gradients accumulate in fp32 and the head's
         temporaries (its weight gradient in bf16, a chunk of fp32 logits and its bf16 copy) or a layer's come on
         top."""
         p, n, z = self.stage_params, self.cfg.dp * self.cfg.cp, self.cfg.zero_stage
@@ -281,8 +257,8 @@ class CostModel:
         """Bytes a token of a piece sharded over the CP group holds beyond :meth:`act_bytes_per_token`, per rank
         token (``runtime`` at cp > 1; else 0): per kept layer, the gathered K/V of the whole piece that attention
         keeps for backward (cp times the rank's own K/V; the rank's own rows stay beside it for the gradients of
-        later chunks of a chain, runtime/sharded_chain.py), its query rows and its attention output copied out of
-        and back into the micro-batch's row order (runtime/context_parallel.CPAttention) — 2·q_width +
+        later chunks of a chain, runtime/kernel/sharded_chain.py), its query rows and its attention output copied out of
+        and back into the micro-batch's row order (runtime/kernel/context_parallel.CPAttention) — 2·q_width +
         (cp − 1)·kv_width numbers, counted from a fake-tensor run as the rest."""
         if not self.cfg.runtime or self.cfg.cp <= 1:
             return 0.0
@@ -295,7 +271,7 @@ class CostModel:
         (8·hidden + 2·q_width + kv_width + 4·ffn) numbers per token plus fp32 softmax statistics per head (its
         RMSNorms keep fp32 copies, its MLP gate, activation, up and product), a checkpointed layer its input, and
         the model outside the layers 4·hidden + 2·head_dim (embeddings, final norm, the head's input, RoPE) —
-        counted from the saved tensors of a fake-tensor run (runtime/dry_run.py). The chunked head keeps no
+        counted from the saved tensors of a fake-tensor run (runtime/run/dry_run.py). The chunked head keeps no
         logits. The peak is the larger of the backward's start (every kept activation alive) and a checkpointed
         layer's backward (its recomputed activations and their gradients, ~2·hidden more, beside the kept
         inputs)."""
@@ -314,7 +290,7 @@ class CostModel:
     def kv_store_bytes(self, prefix_tokens: float | np.ndarray) -> float | np.ndarray:
         """K/V kept for ``prefix_tokens`` earlier tokens of a chunk chain (ChunkFlow's state store), for the
         layers of this pipeline stage: 2·layers·S·h_kv·bytes (ChunkFlow's K/V state), divided by tp; with
-        ``runtime``, plus the fp32 accumulators of the gradients later chunks send to it (runtime/chunked.py)."""
+        ``runtime``, plus the fp32 accumulators of the gradients later chunks send to it (runtime/kernel/chunked.py)."""
         per_token = self._kv_bytes_per_token
         if self.cfg.runtime:
             per_token *= (self.cfg.act_bytes + 4) / self.cfg.act_bytes

@@ -1,35 +1,10 @@
 """The Plan contract: which tokens run where and when. Every planner emits one; simulator and runtime read it.
 
-Structure (plain immutable values, JSON round-trip, no torch)::
-
-    Plan        planner, world (= dp·cp), lengths {sample: tokens}, truncated, dropped, meta, steps
-    Step        one optimizer step: cp degree, token cap per rank, group tag, exactly world // cp replicas; or
-                replicas on CP groups of several sizes (``degrees``, one per replica, summing to world; cp is
-                then the largest)
-    Replica     micro-batches in gradient-accumulation order (every replica of a step has the same count)
-    MicroBatch  pieces + activation policy: ckpt_layers (checkpointed layers), recompute (ChunkFlow: drop this
-                chunk's activations after forward, recompute before backward), pad_to (0 = packed varlen;
-                > 0 = padded batch where every row is padded to pad_to tokens)
-    Piece       (sample, start, stop, cp_rank): tokens [start, stop) of one sample; cp_rank None = sharded over
-                its replica's CP group (Skrull "distributed"), else the one CP rank holding it whole ("local")
-
-Invariants (:meth:`Plan.validate`; messages name step, replica, micro-batch and sample):
-
-1. Coverage: every token of every sample in ``lengths`` is in exactly one piece, unless the sample is in
-   ``dropped`` (with a reason) or was cut to ``truncated[sample]`` tokens (then exactly those tokens).
-2. Capacity: per micro-batch and CP rank, local tokens + ceil(tokens/cp) of each sharded piece <= the step's
-   token cap (padded micro-batches count their padding); cp is the replica's degree.
-3. Chunk order: all pieces of a sample sit in one replica of one step, at most one per micro-batch, with
-   ``start`` increasing along the replica's micro-batches, and all with the same ``cp_rank`` (a chain's K/V
-   state stays where it was made: sharded over the group, or on one CP rank).
-4. Shape: ``cp`` divides ``world``; world // cp replicas per step, all with the same micro-batch count. A step with
-   ``degrees`` instead has one replica per degree, each dividing ``world``, summing to it, the largest equal to
-   ``cp``: its replicas are CP groups of several sizes (FlexSP's heterogeneous groups, compared in HBP Table 12),
-   ranks numbered group after group in replica order. Uniform steps leave ``degrees`` empty (and out of the JSON).
-5. Determinism: :meth:`Plan.to_json` is canonical (sorted keys, no floats from planning), so equal plans are
-   byte-identical.
-
-Validation costs O(pieces) time and memory.
+Plain immutable values with a canonical JSON form: Plan (planner, world, lengths, truncated, dropped, meta, steps)
+> Step (CP degree or degrees, token cap, replicas) > Replica (micro-batches in order) > MicroBatch (pieces,
+checkpointing, recompute, padding) > Piece (sample, start, stop, cp_rank: None = sharded over the CP group).
+:meth:`Plan.validate` checks five invariants — coverage, capacity, chunk order, shape, determinism — naming step,
+replica, micro-batch and sample, in O(pieces); docs/PLAN.md states them in full.
 
 >>> p = Plan(planner="demo", world=2, lengths={0: 5, 1: 3}, steps=(
 ...     Step(cp=2, token_cap=6, replicas=(Replica(micro_batches=(

@@ -22,9 +22,9 @@ import numpy as np
 
 from .model import UnknownNameError
 
-__all__ = ["Workload", "WORKLOADS", "get_workload", "generate", "knots_sampler"]
+__all__ = ["Workload", "WORKLOADS", "get_workload", "generate", "knots_sampler", "K"]
 
-K = 1024
+K = 1024  # tokens in a "K" of the papers' lengths (32K = 32,768): the one definition
 
 
 @dataclass(frozen=True)

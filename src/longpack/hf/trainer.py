@@ -1,34 +1,12 @@
 """``LongpackTrainer``: transformers' Trainer (or TRL's SFTTrainer) running longpack's plan on the shared engine.
 
-What it does, through the Trainer's public extension points:
-
-* **Plan.** After the base Trainer has prepared ``train_dataset`` (TRL tokenizes it and adds its masks there), the
-  rows are read once, from the dataset's Arrow columns (:func:`longpack.rows.rows_from_dataset`): targets from
-  ``labels`` when the dataset has them; else TRL's ``completion_mask`` when ``completion_only_loss`` is on (TRL's
-  default for prompt-completion data) or ``assistant_masks`` when ``assistant_only_loss`` is; else every next token.
-  Empty rows, and rows with no target, are left out and reported as dropped; rows longer than ``max_len`` (or than
-  ``token_cap`` × ``cp``) follow ``overlong``. Every process plans the same rows identically over dp·cp ranks (dp =
-  processes / cp), cost model from the model's own config: the over-long policy over every row at once, then each step
-  on a background thread, ``plan_ahead`` steps ahead of training (runtime/ahead.py); a step that cannot run is
-  refused, naming it, when training reaches it.
-* **Step.** ``gradient_accumulation_steps`` is 1 and each dataloader item is one plan step; ``training_step`` runs
-  this rank's micro-batches of it through the same function as ``longpack train``
-  (:func:`longpack.runtime.train_step.run_step`): the model's attention is switched to the longpack implementation for
-  the step (runtime/engine.py: document-masked attention from the plan's boundaries, the zigzag K/V exchange of
-  pieces sharded over the rank's CP group, chunk chains, the plan's per-micro-batch checkpointing), every target
-  weighted by the step's global target count, and the gradient summed over every rank once: one all-reduce
-  (the DDP wrapper's own reduction is bypassed, since ranks run different numbers of forwards), or, under FSDP2
-  (Accelerate ``fsdp_version: 2``), one gather and one reduce-scatter per step (runtime/parallelize.py). So the
-  update is plain unpacked training's, at any CP degree.
-* **Nothing silent.** ``trainer.longpack_report`` holds the data report (rows read, empty rows dropped, samples
-  dropped / truncated / split, their tokens and targets); the first log line carries its counts, and rank 0 says
-  the report's line once at start. Planning errors name ``LongpackConfig`` fields, not CLI flags. Each training
-  log has ``longpack/planner_wait_seconds`` (what its steps waited on the planner) and ``trainer.longpack_steps``
-  each step's loss, tokens, targets and wait.
-* **Resume.** Batches are plan steps in order, so the Trainer's own resume (it skips the batches already
-  trained) continues at the exact next step.
-
-Each epoch replays the same plan. Evaluation and generation run the model's own attention implementation.
+Through the Trainer's public extension points: the prepared ``train_dataset`` is read once from its Arrow columns
+(targets from ``labels``, else TRL's completion or assistant masks, else every next token; rows with no target
+and empty rows left out and counted), planned over dp·cp ranks identically on every process, and each dataloader
+item is one plan step that ``training_step`` runs through the kernel's step runner, as ``longpack train`` does —
+the longpack attention switched on for the step, every target weighed by the step's global count, the gradient
+summed once (one all-reduce, or FSDP2's gather and reduce-scatter under Accelerate ``fsdp_version: 2``). The
+Trainer's own resume continues at the exact next step. docs/EXECUTION.md, "LongpackTrainer", has the contract.
 """
 
 from __future__ import annotations
@@ -44,20 +22,19 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
-from .. import jobs
 from ..planners.base import OVERLONG_POLICIES
 from ..rows import TokenRows, rows_from_dataset
-from ..runtime.accounting import data_report
-from ..runtime.ahead import PlanAhead
-from ..runtime.context_parallel import CPGroups
-from ..runtime.data import EpochSource, PlanSampler
+from ..runspec import RunSpec, build_cost, plan_stream
 from ..runtime.dist import DistContext
-from ..runtime.engine import engine_attention
-from ..runtime.hf_model import check_supported, spec_of
-from ..runtime.loss import MODES
-from ..runtime.runner import model_device
-from ..runtime.step import check_step
-from ..runtime.train_step import run_step
+from ..runtime.kernel.data import EpochSource, PlanSampler
+from ..runtime.kernel.engine import engine_attention
+from ..runtime.kernel.loss import MODES
+from ..runtime.kernel.runner import model_device
+from ..runtime.kernel.step import check_step
+from ..runtime.kernel.step_fn import StepRunner
+from ..runtime.run.accounting import data_report
+from ..runtime.run.ahead import PlanAhead
+from ..runtime.run.hf_model import check_supported, spec_of
 from ..sim import plan_metrics
 
 __all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "longpack_trainer_class", "config_message"]
@@ -217,9 +194,9 @@ class LongpackMixin:
         if rank == 0:
             print(f"longpack: data: {self.longpack_report['line']}", file=sys.stderr, flush=True)
         self._lp_ctx = DistContext(rank=rank, world=world, device=self.args.device)
-        self._lp_groups = CPGroups.build(set(), world) if world > 1 else None
         self._lp_sampler = PlanSampler(self.plan, rank, steps=len(self._lp_ahead))  # training_step waits itself
         self._lp_sync: Any = None
+        self._lp_runner: StepRunner | None = None  # made at the first step, once the model is where it trains
         self._lp_sync_checked = False
         self.longpack_steps: list[dict[str, Any]] = []
         self._logged, self._lp_waited = False, 0.0
@@ -236,13 +213,13 @@ class LongpackMixin:
     def _lp_plan(self, net: Any, world: int, say: Any, epochs: int) -> PlanAhead:
         cfg = self.lp
         options = dict(cfg.options)
-        run = jobs.RunSpec(model=getattr(net.config, "name_or_path", "") or "model", hardware=cfg.hardware,
+        run = RunSpec(model=getattr(net.config, "name_or_path", "") or "model", hardware=cfg.hardware,
                            dp=world // cfg.cp, cp=cfg.cp, token_cap=cfg.token_cap, global_batch=cfg.global_batch,
                            seed=cfg.seed, max_len=cfg.max_len, overlong=cfg.overlong, ckpt_layers=cfg.ckpt_layers,
                            options=options, epochs=epochs)
         try:
-            cost = jobs.build_cost(run, spec_of(net.config))
-            stream = jobs.plan_stream(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
+            cost = build_cost(run, spec_of(net.config))
+            stream = plan_stream(cfg.planner, self._lp_rows.lengths, run, cost, note=say)
         except ValueError as exc:
             raise ValueError(config_message(str(self._lp_rows.located(exc)))) from None
         return PlanAhead(stream, cfg.plan_ahead, check=check_step)
@@ -285,11 +262,10 @@ class LongpackMixin:
         except ValueError as exc:
             raise ValueError(config_message(str(exc))) from None
         self._lp_waited += waited
-        if self._lp_groups is not None:
-            self._lp_groups.add(self.plan.steps[step], self._lp_ctx.world)
+        if self._lp_runner is None or self._lp_runner.ctx.device != self._lp_ctx.device:
+            self._lp_runner = StepRunner(self._lp_ctx, self.lp.loss, self._lp_sync)
         with engine_attention(net):
-            stats, _ = run_step(net, self.plan, step, self._lp_sampler.micro_batches(step), self._lp_rows,
-                                self._lp_ctx, self._lp_groups, self.lp.loss, self._lp_sync)
+            stats, _ = self._lp_runner.run(net, self.plan, step, self._lp_sampler.micro_batches(step), self._lp_rows)
         loss, tokens, targets = stats.tolist()  # the step's one read of the device
         self.longpack_steps.append({"step": step, "loss": loss, "tokens": int(tokens), "targets": int(targets),
                                     "planner_wait_seconds": waited})
@@ -308,7 +284,7 @@ class LongpackMixin:
 def _fsdp_sync(net: torch.nn.Module, device: torch.device) -> Any:
     """A :class:`StepSync` when Accelerate sharded ``net`` with FSDP2 (sum reduction, as the plan's weights need);
     None (one gradient all-reduce) otherwise."""
-    from ..runtime.parallelize import StepSync, fsdp_modules
+    from ..runtime.kernel.parallelize import StepSync, fsdp_modules
 
     mods = fsdp_modules(net)
     if not mods:

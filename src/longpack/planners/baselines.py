@@ -1,26 +1,8 @@
-"""The baselines the three papers compare against, each on the Plan contract.
-
-All baselines shard every sequence over the whole CP group (``cp_rank=None``): that is what a fixed-CP framework
-does (DeepSpeed-Ulysses / ring attention sized for the longest sequence). They differ in how they form
-micro-batches and spread them over DP replicas:
-
-=================  ===========================================================================================
-``random_padded``  random order, greedy micro-batches padded to their longest (HBP Table 3 "random")
-``sorted``         LongAlign sorted batching: sort by length, consecutive micro-batches padded to their
-                   longest, shuffled and dealt round-robin to replicas (Skrull's and HBP's baselines)
-``isf`` ``ffd``    naive packing to a fixed length with one packer (HBP's ISF baseline, Table 13's packers);
-``bfd`` ``spfhp``  packs shuffled and dealt round-robin, one pack per micro-batch
-``fixed_cp``       DeepSpeed-style (Skrull's baseline): each replica takes a contiguous slice of the batch and
-                   packs it in order (next fit) into micro-batches up to the token cap
-``one_seq``        Megatron-style (ChunkFlow's baseline): one sequence per micro-batch, dealt round-robin
-=================  ===========================================================================================
-
-Capacity is counted per CP rank: a sharded sequence of s tokens costs each rank ceil(s/cp); a padded
-micro-batch costs rows · ceil(pad_to/cp). Samples longer than one micro-batch (``Batch.chains``) run as a chain of
-pieces, each alone in a micro-batch, in order, on the replica with the least tokens.
-
-Guarantees: coverage, caps, chunk order, equal micro-batch counts, determinism by seed. Cost: O(n log n) per
-global batch (O(n · bins) for ffd/bfd).
+"""The baselines the three papers compare against, each on the Plan contract: random_padded, sorted, isf /
+ffd / bfd / spfhp, fixed_cp and one_seq. Every one shards each sequence over the whole CP group, as a fixed-CP
+framework does; they differ in how they form micro-batches and deal them to DP replicas (docs/PLANNERS.md, "The
+papers' baselines", has the table and the capacity rule). Guarantees: coverage, caps, chunk order, equal
+micro-batch counts, determinism by seed. Cost: O(n log n) per global batch (O(n · bins) for ffd/bfd).
 
 >>> import numpy as np
 >>> from longpack.cost import CostModel, TrainConfig

@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 
 from ..cost import CostModel
+from ..workloads import K
 from .packers import isf
 
 __all__ = ["Group", "Strategy", "select_groups", "profile_strategies", "load_profiles"]
-
-K = 1024
 
 
 @dataclass(frozen=True)

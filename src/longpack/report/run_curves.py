@@ -1,4 +1,4 @@
-"""Curves of a `longpack train` run from its ``metrics.jsonl`` (runtime/metrics.py): training and held-out loss,
+"""Curves of a `longpack train` run from its ``metrics.jsonl`` (runtime/run/metrics.py): training and held-out loss,
 learning rate, gradient norm and tokens/s per step, as a PNG or a self-contained HTML page."""
 
 from __future__ import annotations

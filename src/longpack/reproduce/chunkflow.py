@@ -26,11 +26,10 @@ from ..model import get_model
 from ..planners import PlanContext, get_planner, global_batches
 from ..sim import simulate
 from ..sim.pipeline import Item, chunk_items, schedule
-from ..workloads import generate
+from ..workloads import K, generate
 
 __all__ = ["PAPER", "reproduce", "toy"]
 
-K = 1024
 PAPER: dict[str, dict[str, float]] = {"toy": {"1f1b": 0.5714, "k1": 0.541, "k2": 0.478, "chunk4_k1": 0.60},
          "speedup": {"32K": 2.38, "256K": 4.53},
          "sweep_ms": {"2K,16": 29810, "8K,4": 23774, "32K,1": 28942}}

@@ -23,11 +23,10 @@ from ..planners import PlanContext, get_planner
 from ..planners.hbp_groups import select_groups
 from ..progress import meter, tick
 from ..sim import plan_metrics, simulate
-from ..workloads import generate
+from ..workloads import K, generate
 
 __all__ = ["PAPER", "reproduce"]
 
-K = 1024
 WORLD = 32
 PAPER: dict[str, Any] = {
     "table6": {"isf": {"abr": 0.506, "cr": 1.0, "speedup": 1.0},

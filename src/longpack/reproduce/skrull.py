@@ -19,12 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..progress import meter
-from ..workloads import generate, get_workload
+from ..workloads import K, generate, get_workload
 from ._common import calibrated_cost, run_planner
 
 __all__ = ["PAPER", "reproduce", "runs"]
 
-K = 1024
 # Skrull Fig. 3, read off the figure: (vs DeepSpeed, vs sorted batching)
 PAPER = {
     ("qwen2.5-0.5b", "wikipedia-cn"): (7.54, 6.85), ("qwen2.5-0.5b", "lmsys-chat-1m"): (6.17, 5.40),

@@ -1,29 +1,9 @@
-"""Pipeline schedules: 1F1B and ChunkFlow's state-aware 1F1B, simulated event by event (ChunkFlow, state-aware 1F1B).
+"""Pipeline schedules: 1F1B and ChunkFlow's state-aware 1F1B, simulated event by event.
 
 Work items are micro-batches (or chunks) with a forward time per stage; backward costs ``bwd_ratio`` times the
-forward (2 by default, forward:backward = 1:2).
-
-**1F1B** (no chains): the classic fixed order per stage — p − s − 1 warm-up forwards, then one forward and one
-backward alternately, then the remaining backwards — each op starting when its stage is free and its inputs exist.
-
-**State-aware 1F1B** (chains present): a greedy list schedule per stage:
-
-* dependencies: F(i, s) after F(i, s−1); B(i, s) after B(i, s+1) (after F(i, p−1) on the last stage); forwards
-  on a stage in micro-batch order, backwards in the order of the next stage's backwards (point-to-point messages
-  pair by order on NCCL, so every stage sends and receives the gradients in one order);
-* chunk chains (dependent chunks of one sequence): forwards ascending (given by the order), backward descending —
-  B(c, s) waits for B(c+1, s) because chunk c's dK/dV is complete only after every later chunk's backward; a chunk
-  marked ``recompute`` re-runs its forward on that stage (R) once the chain's next chunk has finished its
-  backward there, possibly while B waits for its gradient; R counts as work but not as useful work;
-* priority: a ready backward (with its recompute) before a forward; a forward only while the stage holds fewer
-  than ``limit(s)`` micro-batches' activations (p − s for 1F1B; max(p − s, K) when chains keep K chunks, so a
-  chain's kept chunks can all be in flight). Recomputed chunks hold no activations between F and R.
-
-Bubble ratio = 1 − useful work / (p · makespan), useful = forwards + backwards (not recompute). With lengths
-4, 2, 1, 1 and p = 4 this gives 4/7 = 57.14% (ChunkFlow's Fig. 2 toy); chunked at 2 with K = 2, 47.83%.
-
-Cost: 1F1B O(stages · items); state-aware O(stages² · items²) for the greedy scan. Items are the micro-batches
-of one step (tens to a few hundred), so a step takes milliseconds.
+forward. Without chains, the classic 1F1B order; with chains, a greedy list schedule whose backwards run a
+chain's chunks descending and recompute dropped chunks on the way (docs/EXECUTION.md, "Pipeline schedules in
+the simulator", has the rules). Bubble ratio = 1 − useful work / (p · makespan). Cost: milliseconds a step.
 
 >>> round(schedule([Item(4), Item(2), Item(1), Item(1)], pp=4).bubble_ratio, 4)
 0.5714

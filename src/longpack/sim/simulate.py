@@ -206,7 +206,7 @@ def forward_seconds(mbs: tuple[MicroBatch, ...], times: list[float]) -> list[flo
 
 def pipeline_items(mbs: tuple[MicroBatch, ...], fwd: list[float], plan: Plan) -> list[Item]:
     """The non-empty micro-batches as pipeline items, in order: forward seconds ``fwd[i]``, chained when they hold
-    pieces of the same split sample, recomputed as the plan marks (the simulator and runtime/pipeline.py both
+    pieces of the same split sample, recomputed as the plan marks (the simulator and runtime/kernel/pipeline.py both
     schedule these)."""
     items = []
     for mb, f in zip(mbs, fwd, strict=True):

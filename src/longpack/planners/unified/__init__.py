@@ -4,7 +4,7 @@ Per global batch: every candidate of CP degree, micro-batch budget, chain form a
 (knobs.py) is placed greedily by cost-model seconds (place.py, tail.py) into micro-batches priced by Eq. 2's
 closed form (layout.py); the best layouts are balanced and searched locally (moves.py); micro-batches are emptied
 beside chains (planners/beside.py); a sharding step may be laid out on CP groups of several sizes
-(planners/groups.py). The phases, options and why the result is never slower than plain cost-balanced packing:
+(planners/unified/groups.py). The phases, options and why the result is never slower than plain cost-balanced packing:
 docs/PLANNERS.md, "Unified".
 
 Guarantees: coverage, the token cap on every rank of every micro-batch, chain order and contiguity, equal
@@ -23,8 +23,8 @@ from functools import cache
 from ...plan import Step
 from ..base import Batch, PlanContext
 from ..beside import fill_step
-from ..groups import MIN_GAIN, divisors, regroup
 from ..registry import Planner, register
+from .groups import MIN_GAIN, divisors, regroup
 from .knobs import Candidate, candidates
 from .layout import Layout, Rates, floor
 from .moves import BUDGET, Budget, balance, search

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..base import Batch, PlanContext
-from ..groups import divisors
+from .groups import divisors
 from .layout import Rates
 
 __all__ = ["Candidate", "candidates", "UNIT"]

@@ -71,7 +71,7 @@ def chain_cuts(n: int, chunk: int, d: int, kept: int, cost: CostModel, k: int) -
 
 
 def least_pieces(bounds: list[int], d: int) -> list[int]:
-    """``bounds`` with every piece of at least 2·d tokens when d > 1 (runtime/step.py's rule for a piece sharded
+    """``bounds`` with every piece of at least 2·d tokens when d > 1 (runtime/kernel/step.py's rule for a piece sharded
     over d ranks: each rank's zigzag share holds a token): a short piece takes what it lacks from the piece before
     it (its start moves earlier: the earlier piece shrinks, it starts after a shorter prefix), or, the first piece,
     from the one after it (which shrinks as its prefix grows by as much: no more memory when a token's activations
