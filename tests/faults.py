@@ -1,8 +1,8 @@
 """Faults no input check can catch, injected into a `longpack` subprocess (test-only).
 
 :func:`faulty_env` returns an environment whose PYTHONPATH loads a ``sitecustomize`` at interpreter start. On rank
-``rank``, kind "raise" makes ``run_step`` raise IndexError; kind "kill" SIGKILLs the process as it enters
-``checkpoint.save`` for the ``at``-th time (1: the first checkpoint).
+``rank``, kind "raise" makes the step runner's ``run_micro_batches`` raise IndexError; kind "kill" SIGKILLs the
+process as it enters ``checkpoint.save`` for the ``at``-th time (1: the first checkpoint).
 """
 
 import os
@@ -10,7 +10,8 @@ import os
 FAULT = '''
 import importlib.util, os, signal, sys
 
-TARGET = {"raise": ("longpack.runtime.run.train", "run_step"), "kill": ("longpack.runtime.run.checkpoint", "save")}
+TARGET = {"raise": ("longpack.runtime.kernel.step_fn", "run_micro_batches"),
+          "kill": ("longpack.runtime.run.checkpoint", "save")}
 CALLS = [0]
 
 class _Hook:

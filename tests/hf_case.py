@@ -60,7 +60,7 @@ def config(cp: int) -> LongpackConfig:
                           options={"degrees": str(cp)} if cp > 1 else {})
 
 
-def longpack_trainer(out: str, cp: int = 1, kind: str = "trainer", steps: int = STEPS) -> Any:
+def longpack_trainer(out: str, cp: int = 1, kind: str = "trainer", steps: int = STEPS, **kw: Any) -> Any:
     if kind == "trl":
         import trl
 
@@ -75,7 +75,7 @@ def longpack_trainer(out: str, cp: int = 1, kind: str = "trainer", steps: int = 
     if kind == "fsdp":  # Accelerate's FSDP2 (fsdp_version 2), one FSDP unit per decoder layer
         extra = {"fsdp": "full_shard", "fsdp_config": {"fsdp_version": 2,
                                                        "transformer_layer_cls_to_wrap": ["Qwen2DecoderLayer"]}}
-    return LongpackTrainer(model=model(), args=args(out, steps, **extra), train_dataset=labelled(),
+    return LongpackTrainer(model=model(), args=args(out, steps, **extra, **kw), train_dataset=labelled(),
                            longpack=config(cp))
 
 

@@ -1,5 +1,6 @@
 """One run of LongpackTrainer (or TRL's SFTTrainer through longpack) on the rows of tests/hf_case.py, for the
-multi-process tests: ``torchrun --nproc-per-node N tests/hf_run.py OUT CP {trainer|trl} [STEPS]``.
+multi-process tests: ``torchrun --nproc-per-node N tests/hf_run.py OUT CP {trainer|trl} [STEPS [SAVE_STEPS]]``
+(SAVE_STEPS: the Trainer's checkpoints every SAVE_STEPS steps, in OUT's folder).
 
 Rank 0 saves {"losses": per-step losses, "logged": the Trainer's logged losses, "state": final weights (FSDP2
 shards gathered), "sharded": pieces sharded over a CP group, "fsdp_modules": FSDP2 units, "report": the data
@@ -38,8 +39,9 @@ def main() -> None:
         return
     out, cp, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else hf_case.STEPS
+    save = {"save_strategy": "steps", "save_steps": int(sys.argv[5])} if len(sys.argv) > 5 else {}
     torch.set_num_threads(1)
-    trainer = hf_case.longpack_trainer(os.path.dirname(out), cp=cp, kind=kind, steps=steps)
+    trainer = hf_case.longpack_trainer(os.path.dirname(out), cp=cp, kind=kind, steps=steps, **save)
     trainer.train()
     from longpack.runtime.kernel.parallelize import fsdp_modules
 

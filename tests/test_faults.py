@@ -63,9 +63,9 @@ def test_threads_per_process():
     assert summary["threads"] == 1
 
 
-def test_spawned_rank_errors_reach_the_user_once(tmp_path):
-    _one_line(_train("--steps", "1", "--nproc", "2", "--resume", "--checkpoint-dir", str(tmp_path / "none")),
-              "rank 0: --resume: no checkpoint in")
+def test_a_missing_checkpoint_is_said_once_by_the_launcher_before_spawning(tmp_path):
+    proc = _train("--steps", "1", "--nproc", "2", "--resume", "--checkpoint-dir", str(tmp_path / "none"))
+    _one_line(proc, "longpack: error: --resume: no checkpoint in")  # not a rank's line: no rank was started
 
 
 def test_extend_a_run_and_refuse_a_changed_setting(tmp_path):

@@ -92,11 +92,11 @@ def test_compare_defaults_to_8_steps_and_says_so():
 
 
 def test_one_default_planner_unified_everywhere():
-    from longpack import cli
+    from longpack.cli import planning, tools, train_cmd
 
-    for command in (cli.plan, cli.train):
+    for command in (planning.plan, train_cmd.train):
         assert _default(command, "planner") == "unified"
-    for command in (cli.report, cli.compare):
+    for command in (tools.report, planning.compare):
         assert _default(command, "planners").split(",")[0] == "unified"
     with open(os.path.join(os.path.dirname(__file__), "..", "Makefile")) as f:
         assert "--planners unified," in f.read()

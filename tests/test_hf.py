@@ -123,6 +123,28 @@ def test_hf_resume_from_a_trainer_checkpoint_continues_at_the_next_step(tmp_path
     assert _weights_close(resumed.model.state_dict(), whole.model.state_dict()) <= WEIGHT_ATOL
 
 
+def test_hf_parity_a_two_process_trainer_checkpoint_resumed_on_one_process(tmp_path):
+    """Elastic resume through the Trainer: a 2-process run (replicated on CPU: Accelerate's DDP) saves a checkpoint
+    every step; its checkpoint-1 resumed on 1 process trains the same global batches, re-planned for one rank:
+    every later step's loss and the final weights equal the 2-process run's (float64, only reduction order
+    differs). The Trainer's optimizer.pt and scheduler.pt hold whole tensors, so they load on any process count;
+    its per-process RNG files are read where they exist (Accelerate's own rule)."""
+    out = tmp_path / "run.pt"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_run.py")
+    proc = pool.script(script, [out, 1, "trainer", 3, 1], nproc=2, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = torch.load(out, weights_only=False)
+    assert (tmp_path / "checkpoint-1").is_dir() and len(two["losses"]) == 3
+    one = hf_case.longpack_trainer(str(tmp_path / "one"), steps=3)
+    one.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert [s["step"] for s in one.longpack_steps] == [1, 2]
+    for a, b in zip([s["loss"] for s in one.longpack_steps], two["losses"][1:], strict=True):
+        assert abs(a - b) <= 1e-9 * abs(b), (a, b)
+    state = {k: v.detach() for k, v in one.model.state_dict().items()}
+    worst = max(float((state[k] - v).abs().max() / v.abs().max()) for k, v in two["state"].items())
+    assert worst <= 1e-9, worst
+
+
 @pytest.mark.parametrize("nproc,kind", [(2, "trainer"), (4, "trainer"), (4, "trl")],
                          ids=["cp2", "cp2xdp2", "trl-completion-only-cp2xdp2"])
 def test_hf_parity_context_parallel(tmp_path, reference, nproc, kind):

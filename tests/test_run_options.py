@@ -40,7 +40,8 @@ def test_a_resumed_run_continues_the_same_lr_curve_bit_identical(tmp_path):
     shutil.rmtree(ck / "step_00000004")  # as if the run had stopped after its checkpoint of step 2
     resumed = _train("--steps", "4", "--checkpoint-dir", str(ck), "--resume", "--output-dir", str(tmp_path / "b"))
     rest = _steps(resumed)
-    assert f"resuming from {ck / 'step_00000002'}: 2 steps trained" in resumed.stderr, resumed.stderr[-2000:]
+    assert f"resuming step 2 on 1 process, as before: same global batches (from {ck / 'step_00000002'})" \
+        in resumed.stderr, resumed.stderr[-2000:]
     assert [s["step"] for s in rest] == [2, 3] and [s["lr"] for s in rest] == lrs[2:]
     a, b = load_file(os.path.join(tmp_path / "a", "model.safetensors")), load_file(
         os.path.join(tmp_path / "b", "model.safetensors"))
@@ -185,7 +186,8 @@ def test_two_epochs_train_other_batches_and_resume_mid_epoch_bit_identical(tmp_p
     assert "rank 0: the process was killed (SIGKILL)" in killed.stderr, killed.stderr[-2000:]
     assert all((ck / f"step_0000000{i}").is_dir() for i in (1, 2, 3))
     resumed = _train(*flags, "--resume", "--output-dir", str(tmp_path / "b"))
-    assert f"resuming from {ck / 'step_00000003'}" in resumed.stderr, resumed.stderr[-2000:]
+    assert f"resuming step 3 on 2 processes, as before: same global batches (from {ck / 'step_00000003'})" \
+        in resumed.stderr, resumed.stderr[-2000:]
     rest = _steps(resumed)
     assert [s["step"] for s in rest] == [3] and rest[0]["loss"] == whole[3]["loss"]
     assert rest[0]["eval_loss"] == whole[3]["eval_loss"] and rest[0]["lr"] == whole[3]["lr"]

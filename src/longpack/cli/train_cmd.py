@@ -128,7 +128,8 @@ def train_args(kw: dict[str, Any]) -> Any:
 def _check(args: Any, world: int) -> None:
     """The folders and the layout, before torch is imported."""
     from ..runtime.run.preflight import check_checkpoint_dir, check_output_dir
-    from ..runtime.run.train_args import check_layout, settings
+    from ..runtime.run.same_run import settings
+    from ..runtime.run.train_args import check_layout
 
     out, resuming = args.out, args.out.resume or args.out.resume_if_present
     check_output_dir(out.output_dir, args.model.path, out.checkpoint_dir, out.overwrite_output_dir, resuming)

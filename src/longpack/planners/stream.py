@@ -12,6 +12,11 @@ gets the same steps in the same order. A planner that lays out the whole run at 
 steps are then handed out in order. :func:`make_plan` is a stream whose steps are all planned at once
 (:meth:`PlanStream.rest`), equal to the steps one at a time.
 
+A resumed run starts the stream at the step it continues (:meth:`PlanStream.start_at`): the global batches are a
+function of the seed and the data alone, so step k's batch is the same on any world, and the steps before it are
+not planned again (they stay :class:`Trained` in ``plan.steps``). :meth:`PlanStream.trained_fingerprint` names the
+batches of the first steps — their samples and the tokens kept of each — for a resume to compare.
+
 Cost: the header is O(samples of the run); each step costs its planner's ``plan_batch``, plus O(its pieces) to
 validate.
 """
@@ -33,7 +38,20 @@ from .base import Batch, PlanContext, apply_overlong
 if TYPE_CHECKING:
     from .registry import Planner
 
-__all__ = ["PlanStream", "make_plan"]
+__all__ = ["PlanStream", "make_plan", "Trained"]
+
+
+class Trained:
+    """Step ``index`` of a resumed run, trained before the resume and not planned again; reading it is refused."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __getattr__(self, name: str) -> None:
+        raise RuntimeError(f"step {self.index} was trained before the resume and is not planned again "
+                           f"(read of {name!r})")
 
 
 class PlanStream:
@@ -42,7 +60,7 @@ class PlanStream:
     def __init__(self, planner: Planner, lengths: np.ndarray, batches: Sequence[np.ndarray], ctx: PlanContext, *,
                  max_len: int | None = None, overlong: str = "split", validate: bool = True) -> None:
         check_lengths(lengths, "lengths")  # a zero, negative or fractional length: ValueError naming the sample
-        self.made, self.validate = 0, validate
+        self.made, self.start, self.validate = 0, 0, validate
         self.whole = type(planner).whole_run  # this planner lays out the whole run at once
         if self.whole:
             full = planner.plan(lengths, batches, ctx, max_len=max_len, overlong=overlong)
@@ -97,6 +115,36 @@ class PlanStream:
                 self.plan.validate_steps([s], self._todo[s][1].tolist())
         self.made += 1
         return self.plan.steps[s]
+
+    def start_at(self, k: int) -> None:
+        """Plan from step ``k`` on: the steps before it are :class:`Trained` placeholders (a whole-run planner's
+        steps exist already and stay). Only before any step is made here."""
+        if not 0 <= k <= len(self):
+            raise ValueError(f"step {k} outside the run's {len(self)} steps")
+        if self.made:
+            raise RuntimeError(f"start_at({k}) after {self.made} steps were made")
+        self.start = self.made = k
+        if not self.whole:
+            self._steps.extend(Trained(s) for s in range(k))  # type: ignore[misc]
+
+    def trained_fingerprint(self, n: int) -> str:
+        """SHA-256 (16 hex digits) of the first ``n`` steps' global batches: each step's sample ids, in order, and
+        the tokens kept of each (the over-long policy's cut). Equal on any world, cap or planner that keeps the
+        run's batches. Cost: O(samples of those steps)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for s in range(n):
+            if self.whole:
+                st = self.plan.steps[s]
+                ids = np.array(sorted({p.sample for rep in st.replicas for mb in rep.micro_batches for p in mb.pieces}),
+                               dtype=np.int64)
+                eff = np.array([self.plan.effective_length(int(i)) for i in ids], dtype=np.int64)
+            else:
+                ids = np.sort(self._todo[s][1]).astype(np.int64)
+                eff = self._eff[ids].astype(np.int64)
+            h.update(np.int64(len(ids)).tobytes() + ids.tobytes() + eff.tobytes())
+        return h.hexdigest()[:16]
 
     def _batch(self, s: int) -> Batch:
         i, keep = self._todo[s]

@@ -39,8 +39,9 @@ class KVStore:
         return dk.to(k.dtype), dv.to(v.dtype)
 
     def sent(self, chunk: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, what every later chunk sent to chunk ``chunk``'s K/V (read before :meth:`drop`)."""
-        return {layer: self.grads(layer, chunk) for layer in range(len(self.blocks))}
+        """Per layer this store holds (a pipeline stage holds its own layers only), what every later chunk sent to
+        chunk ``chunk``'s K/V (read before :meth:`drop`)."""
+        return {layer: self.grads(layer, chunk) for layer, blocks in enumerate(self.blocks) if len(blocks) > chunk}
 
     def drop(self, chunk: int) -> None:
         """Forget chunks ``chunk`` and later (their backward is done: no chunk reads them again)."""

@@ -15,7 +15,7 @@ from typing import Any
 from ...plan import Plan
 from ..kernel.data import Source
 
-__all__ = ["data_report", "chained_samples"]
+__all__ = ["data_report", "chained_samples", "step_samples"]
 
 
 def data_report(plan: Plan, source: Source) -> dict[str, Any]:
@@ -58,6 +58,12 @@ def data_report(plan: Plan, source: Source) -> dict[str, Any]:
         line += f"; why dropped: {'; '.join(reasons[:3])}"
     out["line"] = line
     return out
+
+
+def step_samples(plan: Plan, step: int) -> list[int]:
+    """The sample ids ``step`` of ``plan`` trains, ascending (a sample id of epoch e is e * rows + its row): the
+    run's JSON records count with them that every sample is trained once per epoch, across resumes too."""
+    return sorted({p.sample for rep in plan.steps[step].replicas for mb in rep.micro_batches for p in mb.pieces})
 
 
 def chained_samples(plan: Plan, step: int) -> set[int]:

@@ -35,9 +35,9 @@ class PlanAhead:
                  ) -> None:
         self.stream, self.plan = stream, stream.plan
         self.planning_seconds = 0.0  # the planner's own time, every step planned so far
-        self._check, self._ready, self._stop = check, 0, threading.Event()
+        self._check, self._ready, self._stop = check, stream.start, threading.Event()
         self._failed: tuple[int, BaseException] | None = None
-        self._planned = 0  # steps planned and checked (the thread's count; the queue hands them over)
+        self._planned = stream.start  # steps planned and checked (the thread's count), from a resumed run's start
         self._q: queue.Queue[tuple[int, BaseException | None]] = queue.Queue(maxsize=max(depth, 0) or len(stream) + 1)
         if depth <= 0:
             self._work()
@@ -49,7 +49,7 @@ class PlanAhead:
         return len(self.stream)
 
     def _work(self) -> None:
-        for s in range(len(self.stream)):
+        for s in range(self.stream.start, len(self.stream)):
             t0 = time.perf_counter()
             try:
                 if s >= self.stream.made:  # a stream handed over part-planned (the launcher's) goes on from there

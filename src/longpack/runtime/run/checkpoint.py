@@ -2,15 +2,17 @@
 
 A checkpoint is the folder ``step_NNNNNNNN`` in the checkpoint directory: DCP's files (sharded state of FSDP2
 parameters and AdamW moments, or the whole state without FSDP) plus ``longpack.json`` (step, sampler position,
-the run's settings that must not change, a fingerprint of the steps trained so far, RNG state, and a SHA-256 of
-every other file). It is written under a temporary name and renamed once every rank has finished, so a crash never
-leaves a half-written checkpoint under a real name; a checkpoint damaged later (a file changed, cut or missing)
-fails its checksums on load, is named, and the previous one is used. Resuming rebuilds the plan
-deterministically, refuses a changed setting by name, checks that the new plan begins with the steps already
-trained (so a run can be extended with a larger ``--steps``) and continues at the exact next step: the remaining
-sample order and the final weights equal an uninterrupted run's. Under pipeline parallelism each stage writes its
-layers under the whole model's indices (flat optimizer state, one key per tensor), so stages never collide.
-Checksums assume the folder is visible to rank 0 (one machine, or a shared file system).
+the run's settings, the world it was written on, a fingerprint of the global batches trained so far, RNG state,
+and a SHA-256 of every other file). It is written under a temporary name and renamed once every rank has finished,
+so a crash never leaves a half-written checkpoint under a real name; a checkpoint damaged later (a file changed,
+cut or missing) fails its checksums (:func:`newest`), is named, and the previous one is used.
+
+Every rank writes one form whatever the layout (``FORM``): the whole model's names (a pipeline stage's layers
+under their global indices) and flat optimizer state, one key per parameter's tensor. DCP stores each tensor's
+global shape and the shards written, so a checkpoint loads into any layout (:func:`load`): FSDP2 over another
+number of ranks, no FSDP, other pipeline stages — DCP reads each rank's part of every tensor it now holds. What
+a resume may change, and how it continues: runtime/run/resume.py. Checksums assume the folder is visible to rank 0
+(one machine, or a shared file system).
 """
 
 from __future__ import annotations
@@ -26,12 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-__all__ = ["save", "load_latest", "damage", "plan_fingerprint", "steps_fingerprint", "META"]
+__all__ = ["save", "newest", "load", "damage", "plan_fingerprint", "steps_fingerprint", "META", "FORM"]
 
 META = "longpack.json"
+FORM = "flat-global"  # the state's form in checkpoints that load into any layout (absent: a nested, one-layout one)
 
 
 def plan_fingerprint(plan_json: str) -> str:
@@ -60,15 +61,20 @@ def _renamed(state: dict[str, Any], shift: int) -> dict[str, Any]:
             for k, v in state.items()}
 
 
-def _options(first_layer: int | None) -> StateDictOptions | None:
-    return StateDictOptions(flatten_optimizer_state_dict=True) if first_layer is not None else None
+def _options(flat: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True) if flat else None
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, first_layer: int | None) -> dict[str, Any]:
-    """Model and optimizer state. For a pipeline stage (``first_layer`` given): flat (one key per tensor, optimizer
-    keys named by parameter) under the whole model's layer indices, so stages write disjoint keys and data-parallel
-    replicas the same ones; otherwise torch's nested form."""
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(first_layer))
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, first_layer: int | None, flat: bool = True
+           ) -> dict[str, Any]:
+    """Model and optimizer state: flat (one key per tensor, optimizer keys named by parameter) under the whole
+    model's layer indices (a pipeline stage's ``first_layer`` added), so stages write disjoint keys, data-parallel
+    replicas the same ones, and any layout reads them; ``flat`` False: torch's nested form (older checkpoints)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # DCP: imported by runs that checkpoint
+
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(flat))
     shift = first_layer or 0
     return {"model": _renamed(model_sd, shift), "optim": _renamed(optim_sd, shift)}
 
@@ -93,11 +99,13 @@ def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
     _barrier()
     failed = None
     try:
+        import torch.distributed.checkpoint as dcp
+
         dcp.save(_state(model, optimizer, first_layer), checkpoint_id=str(tmp))
         if rank == 0:
             rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
             files = {p.name: _sha(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-            meta = {"step": step, **record, "torch_rng": rng, "files": files}
+            meta = {"step": step, **record, "form": FORM, "torch_rng": rng, "files": files}
             (tmp / META).write_text(json.dumps(meta))
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -158,30 +166,36 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def load_latest(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                warn: Any = None, first_layer: int | None = None) -> dict[str, Any] | None:
-    """Load the newest intact checkpoint into ``model`` and ``optimizer``; its metadata, or None if none.
-    A damaged checkpoint is reported through ``warn(line)`` and the one before it tried. ``first_layer``: as in
-    :func:`save`."""
+def newest(directory: str | Path, warn: Any = None) -> dict[str, Any] | None:
+    """The metadata of the newest intact checkpoint in ``directory`` (its folder under ``"path"``), or None if
+    none. A damaged checkpoint is reported through ``warn(line)`` and the one before it tried. Cost: one read of
+    each file checked (its SHA-256)."""
     done = sorted((p for p in Path(directory).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")),
                   reverse=True)
-    latest = None
     for folder in done:
         why = damage(folder)
         if why is None:
-            latest = folder
-            break
+            meta = json.loads((folder / META).read_text())
+            meta["path"] = str(folder)
+            return dict(meta)
         if warn is not None:
             warn(f"checkpoint {folder} is damaged ({why}); skipping it for the one before")
-    if latest is None:
-        return None
-    meta = json.loads((latest / META).read_text())
-    state = _state(model, optimizer, first_layer)
-    dcp.load(state, checkpoint_id=str(latest))  # into the state's own tensors
+    return None
+
+
+def load(meta: dict[str, Any], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         first_layer: int | None = None) -> None:
+    """Load the checkpoint ``meta`` describes (:func:`newest`) into ``model`` and ``optimizer``, whatever their
+    layout now (FSDP2 or not, this rank's pipeline stage from ``first_layer`` as in :func:`save`), and restore
+    torch's RNG."""
+    flat = meta.get("form") == FORM or first_layer is not None  # pipeline stages always wrote the flat form
+    state = _state(model, optimizer, first_layer, flat)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    dcp.load(state, checkpoint_id=meta["path"])  # into the state's own tensors: each rank reads its shards
     shift = -(first_layer or 0)
     set_state_dict(model, optimizer, model_state_dict=_renamed(state["model"], shift),
-                   optim_state_dict=_renamed(state["optim"], shift), options=_options(first_layer))
+                   optim_state_dict=_renamed(state["optim"], shift), options=_options(flat))
     rng = np.frombuffer(base64.b64decode(meta["torch_rng"]), dtype=np.uint8).copy()
     torch.set_rng_state(torch.from_numpy(rng))
-    meta["path"] = str(latest)
-    return meta

@@ -17,9 +17,11 @@ from ..kernel.data import EpochSource
 from ..kernel.step import check_step
 from .failure import PeerLost, one_line, peer_lost, watch
 from .fit import check_fits
+from .resume import announce, begin, warner
 from .run_plan import LAUNCHED, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
 from .startup import Phases
-from .train import DTYPES, Prepared, check_folders, train
+from .step_log import show
+from .train import DTYPES, Prepared, check_folders, first_records, train
 from .train_args import TrainArgs
 
 __all__ = ["launch"]
@@ -56,6 +58,9 @@ def launch(args: TrainArgs, nproc: int) -> None:
         raise ValueError(f"--nproc {nproc}: must be >= 1")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec, prepared = _before_spawning(args, nproc, device)
+    for record in first_records(args, nproc, device.type, prepared.stream, prepared.source, prepared.resumed,
+                                local=nproc):
+        show(args, record)  # rank 0's first lines, said before the ranks start
     os.environ[LAUNCHED] = "1"  # what the ranks would say of reading the rows and planning is said
     try:
         if nproc == 1:
@@ -78,17 +83,21 @@ def _before_spawning(args: TrainArgs, nproc: int, device: torch.device) -> tuple
                per_layer=zero_stage(args, nproc, spec) == 3)
     check_folders(args, spec, nproc)
     source = load_source(args, spec.vocab, say=say)
+    if hasattr(source, "digest") and args.out.checkpoint_dir:  # what a resume compares (as each rank records)
+        args = args.with_content(source.digest())
     clock.mark("data")
     if args.run.epochs > 1:  # the plan's samples are every epoch's copies of the rows (as train makes them)
         source = EpochSource(source, len(source.lengths))  # type: ignore[attr-defined]
     stream, cost = plan_stream(args, nproc, source, spec=spec, note=say)
+    resumed = begin(args, nproc, stream, warner(0))  # a resume: its checkpoint checked, the stream started there
+    announce(resumed, args, nproc, stream, say)
     if args.data.eval_data:
         held_out(args, nproc, spec, say=say)
-    if len(stream):  # the run's first step too: a layout it cannot run is refused before spawning
+    if stream.made < len(stream):  # the run's first step too: a layout it cannot run is refused before spawning
         stream.next_step()
-        check_step(stream.plan, 0)
+        check_step(stream.plan, stream.made - 1)
     clock.mark("plan")
-    return spec, Prepared(source, stream, cost, clock)
+    return spec, Prepared(source, stream, cost, clock, resumed)
 
 
 def _spawn(args: TrainArgs, nproc: int, device: torch.device, spec: Any, prepared: Prepared) -> None:

@@ -17,17 +17,17 @@ from ...progress import Meter
 from ..dist import DistContext
 from ..kernel.data import Source
 from . import checkpoint
-from .accounting import chained_samples
+from .accounting import chained_samples, step_samples
 from .ahead import PlanAhead
 from .evaluate import Evaluation
 from .failure import heartbeat, step_failure
 from .metrics import MetricsLog
 from .optim import clip_gradients
 from .parts import RunParts
-from .resume import fingerprint
+from .resume import record as resume_record
 from .startup import Phases
 from .step_log import emit, rank_record
-from .train_args import TrainArgs, settings
+from .train_args import TrainArgs
 
 __all__ = ["Setup", "Loop"]
 
@@ -53,7 +53,7 @@ class Loop:
         self.args, self.ctx, self.s, self.p = args, ctx, setup, parts
         self.records: list[dict[str, Any]] = []
         self.chained: set[int] = set()
-        self.cache: list[dict[str, Any]] = []  # the planned steps' JSON, for checkpoint fingerprints
+        self.cache: list[dict[str, Any]] = []  # a whole-run plan's steps as JSON, for checkpoint fingerprints
         pipe = parts.pipe
         self.norm_group = pipe.layout.cross_group if pipe is not None else None  # stages' squared norms add up
         self.tied = [pipe.tied_weight] if pipe is not None and pipe.last and pipe.tied_weight is not None else []
@@ -101,7 +101,7 @@ class Loop:
         except Exception as exc:
             raise step_failure(exc, step, ctx, self.args.parallel.timeout) from None
         rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v), "lr": lr,
-               "grad_norm": norm_v, "step_seconds": step_s,
+               "grad_norm": norm_v, "step_seconds": step_s, "samples": step_samples(plan, step),
                "planner_wait_seconds": p.sampler.waited + (self.s.header if not self.records else 0.0), **ranks}
         rec.update({"eval_loss": held[0]} if held else {})
         rec.update({"pipeline": p.pipe.record(ctx.world, ctx.rank)} if p.pipe is not None else {})
@@ -127,9 +127,8 @@ class Loop:
             self.progress.hint = f"{done:,.0f} tokens/s"
             self.progress.tick()
         if args.out.checkpoint_dir and args.out.checkpoint_every and (step + 1) % args.out.checkpoint_every == 0:
-            record = {"sampler": p.sampler.state_dict(), "plan": fingerprint(self.s.ahead.plan, step + 1, self.cache),
-                      "settings": settings(args, ctx.world), "scheduler": p.sched.state_dict(),
-                      "total_steps": len(self.s.ahead)}
+            record = {"sampler": p.sampler.state_dict(), "scheduler": p.sched.state_dict(),
+                      **resume_record(args, ctx.world, self.s.ahead.stream, step + 1, self.cache)}
             checkpoint.save(args.out.checkpoint_dir, step + 1, p.model, p.opt, record, ctx.rank, p.first_layer)
 
     def summary(self, report: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,8 @@ lines go to a Weights & Biases run whose files live in the log folder.
 Rank 0 writes them in ``--log-dir`` (default ``--output-dir``), flushed every step so a killed run keeps what it
 trained; a resumed run drops the lines of the steps it trains again (those the killed run logged after its last
 checkpoint) and appends, so each step is there once. Each line: step, loss, eval_loss (steps that evaluated), lr,
-grad_norm, tokens, targets, tokens_per_second, step_seconds, planner_wait_seconds and the largest measured and
-predicted memory over ranks (bytes).
+grad_norm, tokens, targets, tokens_per_second, step_seconds, planner_wait_seconds, the largest measured and
+predicted memory over ranks (bytes), and (the file alone) the step's sample ids.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ class MetricsLog:
 
     def step(self, rec: dict[str, Any]) -> None:
         mem = rec.get("memory", {})
-        line = {k: rec[k] for k in ("step", "loss", "eval_loss", "lr", "grad_norm", "tokens", "targets",
+        line: dict[str, Any] = {k: rec[k] for k in ("step", "loss", "eval_loss", "lr", "grad_norm", "tokens", "targets",
                                     "step_seconds", "planner_wait_seconds") if k in rec}
         line["tokens_per_second"] = rec["tokens"] / rec["step_seconds"] if rec.get("step_seconds") else 0.0
         if mem:
             line["memory_measured_bytes"] = max(mem["measured_bytes"])
             line["memory_predicted_bytes"] = max(mem["predicted_bytes"])
-        self.file.write(json.dumps(line) + "\n")
+        self.file.write(json.dumps({**line, "samples": rec["samples"]} if "samples" in rec else line) + "\n")
         self.file.flush()
         if self.board is not None:
             for key in ("loss", "lr", "grad_norm", "tokens_per_second", "memory_measured_bytes"):

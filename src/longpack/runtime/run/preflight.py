@@ -9,8 +9,9 @@
   the folder, the need and the free space, unless ``--no-space-check``.
 * ``--checkpoint-dir``: a fresh run (no ``--resume``) refuses a folder holding another run's checkpoints, which it
   would interleave with its own; a resume compares the settings recorded in the newest checkpoint's metadata with
-  this run's (world size included) now, before the ranks load the model. The ranks check again on load, with the
-  checksums and the data's content.
+  this run's now, before the ranks load the model: a setting that changes what is trained is refused, the layout
+  may change (same_run.LAYOUT). The ranks check again on load, with the checksums, the data's content and the
+  global batches (runtime/run/resume.py).
 
 Cost: a directory listing and one small JSON read.
 """
@@ -21,6 +22,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from .same_run import refuse_changed
 
 __all__ = ["check_output_dir", "check_checkpoint_dir", "check_model_dir", "check_space", "STALE_WEIGHTS"]
 
@@ -67,7 +70,7 @@ def _newest(directory: Path) -> Path | None:
 
 
 def check_checkpoint_dir(checkpoint_dir: str | None, resuming: bool, now: dict[str, Any]) -> None:
-    """``now``: this run's settings by flag (runtime/run/train_args.settings), compared with the newest checkpoint's."""
+    """``now``: this run's settings by flag (runtime/run/same_run.settings), compared with the newest checkpoint's."""
     if not checkpoint_dir or not Path(checkpoint_dir).is_dir():
         return
     newest = _newest(Path(checkpoint_dir))
@@ -80,10 +83,7 @@ def check_checkpoint_dir(checkpoint_dir: str | None, resuming: bool, now: dict[s
         then = json.loads((newest / "longpack.json").read_text()).get("settings", {})
     except (OSError, ValueError, AttributeError):
         return  # damaged: the ranks name it and fall back to the one before
-    for flag, value in now.items():
-        if flag in then and then[flag] != value:
-            raise ValueError(f"--resume: the checkpoint {newest} was made with --{flag} {then[flag]!r}, this run "
-                             f"has {value!r}; resume with the same --{flag} (only --steps may change)")
+    refuse_changed(then, now, f"--resume: the checkpoint {newest}")
 
 
 def check_model_dir(path: str | Path, weights: bool = True) -> None:

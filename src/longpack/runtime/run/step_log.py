@@ -15,14 +15,19 @@ from ..kernel.memory import predicted_bytes
 from ..kernel.stages import pipeline_phrase
 from .train_args import TrainArgs
 
-__all__ = ["emit", "rank_record", "rank_prediction"]
+__all__ = ["emit", "show", "rank_record", "rank_prediction"]
 
 
 def emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
-    if ctx.rank != 0:
-        return
-    if args.out.json_log:
-        print(json.dumps(record), flush=True)
+    """Rank 0 says ``record`` (:func:`show`); the others say nothing."""
+    if ctx.rank == 0:
+        show(args, record)
+
+
+def show(args: TrainArgs, record: dict[str, Any]) -> None:
+    """A record on stdout: its JSON line under --json, else its line of text."""
+    if args.out.json_log:  # a step's sample ids go to metrics.jsonl only (runtime/run/metrics.py)
+        print(json.dumps({k: v for k, v in record.items() if k != "samples"}), flush=True)
     elif "summary" in record:
         s = record["summary"]
         print(f"done: {s['steps']} steps, {s['tokens_per_second']:.0f} tokens/s, final loss {s['final_loss']:.4f}, "
@@ -35,6 +40,8 @@ def emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
               flush=True)
     elif "data" in record:
         print("data: " + record["data"]["line"], flush=True)
+    elif "resume" in record:
+        pass  # said as the run began (resume.announce)
     elif "startup" in record:
         from .startup import Phases
 

@@ -31,11 +31,12 @@ from .loop import Loop, Setup
 from .metrics import MetricsLog
 from .output import save_output
 from .parts import DTYPES, build_parts, check_folders, stored_dtype
-from .resume import resume
+from .resume import announce, begin, resume, warner
 from .run_plan import LAUNCHED, build_plan, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
+from .same_run import settings
 from .startup import Phases
 from .step_log import emit
-from .train_args import TrainArgs, settings
+from .train_args import TrainArgs
 
 __all__ = ["Prepared", "TrainArgs", "train", "build_plan", "plan_stream", "settings", "DTYPES", "stored_dtype",
            "check_folders", "threads_per_process"]
@@ -50,6 +51,7 @@ class Prepared:
     stream: PlanStream
     cost: CostModel
     clock: Phases  # the launcher's start-up so far (imports, data, plan), which the rank goes on counting
+    resumed: dict[str, Any] | None = None  # the checkpoint the run continues (resume.begin), its stream started there
 
 
 def train(args: TrainArgs, ctx: DistContext | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
@@ -80,29 +82,31 @@ def train(args: TrainArgs, ctx: DistContext | None = None, prepared: Prepared | 
         clock.mark("data")
     t_plan = time.perf_counter()
     if prepared is not None:
-        stream, cost = prepared.stream, prepared.cost
+        stream, cost, resumed = prepared.stream, prepared.cost, prepared.resumed
     else:
         stream, cost = plan_stream(args, ctx.world, source, spec, note=note)
+        resumed = begin(args, ctx.world, stream, warner(ctx.rank))  # before any step: a resume starts at its own
+        announce(resumed, args, ctx.world, stream, note)
     ahead = PlanAhead(stream, args.parallel.plan_ahead, check=check_step)  # planned on a thread while others train
     header = time.perf_counter() - t_plan  # the over-long policy over the whole run (the whole plan at depth 0)
     clock.mark("plan")  # with a launcher's plan: this rank's checks and its planner thread
     try:
         evaluation = held_out(args, ctx.world, spec, note) if args.data.eval_data else None
-        return _train(args, ctx, Setup(spec, source, ahead, cost, header, evaluation, clock))
+        return _train(args, ctx, Setup(spec, source, ahead, cost, header, evaluation, clock), resumed)
     finally:
         ahead.close()
 
 
-def _train(args: TrainArgs, ctx: DistContext, s: Setup) -> dict[str, Any]:
+def _train(args: TrainArgs, ctx: DistContext, s: Setup, resumed: dict[str, Any] | None) -> dict[str, Any]:
     """The rank's run around its loop (runtime/run/loop.py): the first lines, the parts, the resume, the loop,
     the summary and the output model."""
     report = data_report(s.ahead.plan, s.source)
-    emit(ctx, args, {"run": {"processes": ctx.world, "threads": torch.get_num_threads(), "device": ctx.device.type,
-                             "dtype": args.model.dtype, "head_loss": "longpack fused linear cross-entropy"}})
-    emit(ctx, args, {"data": report})
+    if not os.environ.get(LAUNCHED):  # else the launcher said them before spawning
+        for record in first_records(args, ctx.world, ctx.device.type, s.ahead.stream, s.source, resumed):
+            emit(ctx, args, record)
     p = build_parts(args, ctx, s.spec, s.ahead, s.cost, s.clock)
     loop = Loop(args, ctx, s, p)
-    s.header += resume(args, ctx, p, s.ahead, loop.cache)
+    resume(resumed, ctx, p)
     loop.run(_metrics_log(args, ctx, p.sampler.step))
     summary = loop.summary(report)
     if args.out.output_dir:
@@ -123,17 +127,29 @@ def _metrics_log(args: TrainArgs, ctx: DistContext, start: int) -> MetricsLog | 
     return MetricsLog(where, reporters, settings(args, ctx.world), resumed_at=start or None)
 
 
-def threads_per_process(args: TrainArgs) -> int:
+def first_records(args: TrainArgs, world: int, device: str, stream: Any, source: Any,
+                  resumed: dict[str, Any] | None, local: int | None = None) -> list[dict[str, Any]]:
+    """The run's first records, said once by rank 0 (or by `--nproc`'s launcher before it spawns the ranks, as
+    soon as the rows are read and the first step planned): the resume (when resuming), the processes and their
+    threads (``local``: processes on this machine, default LOCAL_WORLD_SIZE), the data line."""
+    said = announce(resumed, args, world, stream)
+    return [*([said] if said is not None else []),
+            {"run": {"processes": world, "threads": threads_per_process(args, local), "device": device,
+                     "dtype": args.model.dtype, "head_loss": "longpack fused linear cross-entropy"}},
+            {"data": data_report(stream.plan, source)}]
+
+
+def threads_per_process(args: TrainArgs, local: int | None = None) -> int:
     """torch's threads in each process: ``--threads``, else the cores this process may use shared by the processes
-    of its machine (LOCAL_WORLD_SIZE, which `--nproc` and torchrun both set), so the two launchers compute alike
-    and give the same bits."""
+    of its machine (``local``, default LOCAL_WORLD_SIZE, which `--nproc` and torchrun both set), so the two
+    launchers compute alike and give the same bits."""
     if args.parallel.threads:
         return args.parallel.threads
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, cores // (local or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
 def _one_voice(rank: int) -> None:

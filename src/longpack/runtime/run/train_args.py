@@ -1,12 +1,12 @@
-"""`longpack train`'s settings, grouped by concern, each group checked when made and read by the modules that use
-it: :class:`ModelArgs` (the checkpoint and the numerics), :class:`DataArgs` (the rows and the held-out rows),
+"""`longpack train`'s settings, grouped by concern, each group checked when made and read by the modules that use it:
+:class:`ModelArgs` (the checkpoint and the numerics), :class:`DataArgs` (the rows and the held-out rows),
 :class:`OptimArgs` (the objective, AdamW and the schedule), :class:`ParallelArgs` (sharding, pipeline, threads,
 collectives, planning ahead), :class:`OutputArgs` (the model written, logs, checkpoints and resume), and
-:class:`TrainArgs` holding them with the plan's :class:`~longpack.runspec.RunSpec`. Each field's ``metadata``
-carries its flag and help: the CLI's train options are made from these declarations (longpack/cli/train_cmd.py).
-Also here: the checks of the process layout that need no process group (:func:`check_layout`) and what a resumed
-run must share with its checkpoint (:func:`settings`). Free of torch: a bad command line is refused before torch
-is imported."""
+:class:`TrainArgs` holding them with the plan's :class:`~longpack.runspec.RunSpec`. Each field's ``metadata`` carries
+its flag and help: the CLI's train options are made from these declarations (longpack/cli/train_cmd.py). Also here:
+the checks of the process layout that need no process group (:func:`check_layout`) and what a resumed run must share
+with its checkpoint (:func:`settings`, :func:`refuse_changed`). Free of torch: a bad command line is refused before
+torch is imported."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ...runspec import RunSpec
 from ..kernel.names import LOSS_MODES
 
 __all__ = ["DTYPE_NAMES", "LOSS_MODES", "SHARDS", "ModelArgs", "DataArgs", "OptimArgs", "ParallelArgs", "OutputArgs",
-           "TrainArgs", "GROUPS", "check_layout", "settings", "opt"]
+           "TrainArgs", "GROUPS", "check_layout", "opt"]
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16")
 SHARDS = ("auto", "layer", "step")
@@ -200,20 +200,6 @@ class TrainArgs:
 
     def with_content(self, digest: str) -> TrainArgs:
         return replace(self, data=replace(self.data, content=digest))
-
-
-def settings(args: TrainArgs, world: int) -> dict[str, Any]:
-    """What a resumed run must share with the checkpoint it continues (every setting but --steps), by flag."""
-    r, d, o, p = args.run, args.data, args.optim, args.parallel
-    return {"planner": args.planner, "data": d.path, "mask-column": d.mask_column, "tokenizer": d.tokenizer,
-            "keep-untargeted": d.keep_untargeted, "model-path": args.model.path, "model": r.model,
-            "workload": r.workload, "lengths": r.lengths_file, "samples": r.samples, "seed": r.seed,
-            "epochs": r.epochs, "global-batch": r.global_batch, "cp": r.cp, "nproc": world,
-            "token-cap": r.token_cap, "max-len": r.max_len, "overlong": r.overlong, "opt": dict(r.options),
-            "ckpt-layers": r.ckpt_layers, "hardware": r.hardware, "loss": o.loss, "lr": o.lr,
-            "weight-decay": o.weight_decay, "dtype": args.model.dtype, "fsdp": p.fsdp, "pp": p.pp,
-            "lr-scheduler": o.lr_scheduler, "warmup-steps": o.warmup_steps, "warmup-ratio": o.warmup_ratio,
-            "min-lr": o.min_lr, "max-grad-norm": o.max_grad_norm, "data-content": d.content}
 
 
 def check_layout(args: TrainArgs, world: int) -> int:
