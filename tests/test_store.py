@@ -224,14 +224,22 @@ def test_parquet_is_read_in_record_batches_into_the_same_store_as_jsonl(tmp_path
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     pq.write_table(pa.Table.from_pylist(recs), tmp_path / "r.parquet", row_group_size=700)
     datasets.Dataset.from_list(recs).save_to_disk(str(tmp_path / "r_disk"))
-    seen = []
+    log = tmp_path / "batches"  # the batches are read in a forked reading process: it appends their sizes here
     real = read.DataSource.batches
-    read.DataSource.batches = lambda self, cols, size=read.ARROW_BATCH: (seen.append(b.num_rows) or (a, b)
-                                                                          for a, b in real(self, cols, size))
+
+    def logged(self, cols, size=read.ARROW_BATCH):
+        for a, b in real(self, cols, size):
+            with open(log, "a") as f:
+                f.write(f"{b.num_rows} {os.getpid()}\n")
+            yield a, b
+
+    read.DataSource.batches = logged
     try:
         got = [load_rows(tmp_path / n, cache_dir=str(tmp_path / "c")) for n in ("r.jsonl", "r.parquet", "r_disk")]
     finally:
         read.DataSource.batches = real
+    seen = [int(x.split()[0]) for x in log.read_text().splitlines()]
+    assert os.getpid() not in {int(x.split()[1]) for x in log.read_text().splitlines()}  # never in this process
     assert got[0].digest() == got[1].digest() == got[2].digest() and got[0].empty == got[1].empty == got[2].empty
     assert max(seen) <= read.ARROW_BATCH and sum(seen) == 2 * len(recs)
     assert got[1].where(got[1].empty[0]) == f"{tmp_path / 'r.parquet'} row {got[1].empty[0]}"

@@ -10,8 +10,10 @@ JSONL, in two passes over byte ranges of the file that end at line ends, each ra
    (store/arrays.StoreWriter); at most ``2 x num_proc + 2`` ranges are in flight, so memory is the store's
    per-row arrays plus a few ranges.
 
-Parquet files and ``datasets`` folders are read as Arrow batches: pre-tokenized columns become arrays in this
-process (store/columnar.py), chats and texts go to the pool a batch at a time. Progress: rows done of the total
+Parquet files and ``datasets`` folders are read as Arrow batches: pre-tokenized columns become arrays in one
+forked reading process (store/columnar.py) that sends them here a batch at a time, so that Arrow's buffers and
+its allocator's cache never stay in this process (the launcher, whose memory every rank inherits); chats and
+texts go to the pool a batch at a time. Progress: rows done of the total
 with the rate and the time left, from this process only (progress.py: a bar on a terminal, a line now and then
 elsewhere).
 """
@@ -104,9 +106,10 @@ def _arrow(src: DataSource, writer: StoreWriter, encoder: Encoder, num_proc: int
     if "input_ids" in names:
         cols = [c for c in ("input_ids", "labels", encoder.mask_column) if c and c in names]
         try:
-            for base, batch in src.batches(cols):
-                writer.add(arrow_rows(batch, base, encoder.mask_column))
-                meter.tick(batch.num_rows)
+            for n, rows in _from_child(lambda: ((b.num_rows, arrow_rows(b, base, encoder.mask_column))
+                                                for base, b in src.batches(cols)), src):
+                writer.add(rows)
+                meter.tick(n)
         except RowError as exc:
             raise SourceError(f"{src.where(exc.record)}: {exc.message}") from None
         finally:
@@ -174,6 +177,55 @@ def _quiet_worker() -> None:
 def _daemonic() -> bool:
     """Whether this process may not have children (a daemonic worker of another pool)."""
     return bool(multiprocessing.current_process().daemon)
+
+
+def _from_child(make: Callable[[], Iterable], src: DataSource) -> Generator:
+    """The items of ``make()``, made in one forked process and sent here one at a time through a pipe (its
+    buffer is the only backlog: the child waits while this process writes); a RowError in the child is raised
+    here with its record, any other error as one SourceError line naming the source. Inline where fork is not
+    available or in a daemonic process."""
+    if "fork" not in multiprocessing.get_all_start_methods() or _daemonic():
+        yield from make()
+        return
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_produce, args=(make, send), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        while True:
+            try:
+                kind, item = recv.recv()
+            except EOFError:
+                raise SourceError(f"{src.name}: the reading process ended at exit code {proc.exitcode} without "
+                                  "a word (killed? out of memory?)") from None
+            if kind == "end":
+                return
+            if kind == "row":
+                raise RowError(*item)
+            if kind == "error":
+                raise SourceError(f"{src.name}: reading failed: {item}")
+            yield item
+    finally:
+        recv.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+
+
+def _produce(make: Callable[[], Iterable], send: Any) -> None:
+    """The reading process of :func:`_from_child`: every item, then "end"; or the error that stopped it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for item in make():
+            send.send(("item", item))
+        send.send(("end", None))
+    except RowError as exc:
+        send.send(("row", (exc.record, exc.message)))
+    except BaseException as exc:  # noqa: BLE001  (pyarrow's own errors too: the parent says it in one line)
+        send.send(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"))
+    finally:
+        send.close()
 
 
 def _parallel(fn: Callable, tasks: Iterable, num_proc: int) -> Generator:

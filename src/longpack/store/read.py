@@ -77,7 +77,7 @@ class DataSource:
         """(first record, Arrow batch) of ``columns``, in order, ``size`` rows at a time."""
         base = 0
         if self.fmt == "parquet":
-            it: Any = _parquet(self.path).iter_batches(batch_size=size, columns=columns)
+            it: Any = _parquet(self.path).iter_batches(batch_size=size, columns=columns, use_threads=False)
         else:
             files = _arrow_files(self.path)
             it = (_stream(files, columns, size) if files is not None else
