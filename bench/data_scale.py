@@ -60,8 +60,8 @@ def model(folder: Path) -> Path:
 
 
 class Sampler:
-    """Every process under ``root`` (the command and its descendants), every 50 ms: each one's peak resident set
-    (VmHWM) by role, and the peak of their summed proportional set size."""
+    """Every process under ``root`` (the command and its descendants): each one's peak resident set (VmHWM, read
+    every 0.1 s) by role, and the peak of their summed proportional set size (every 0.5 s)."""
 
     def __init__(self, root: int) -> None:
         self.root = root
@@ -72,17 +72,19 @@ class Sampler:
         self.thread.start()
 
     def _run(self) -> None:
+        tick = 0
+        pids: list[int] = []
         while not self.stop:
-            pids = self._tree()
-            total = 0
-            for pid in pids:
+            if tick % 5 == 0:  # the process tree and the summed PSS every 0.5 s (reading them costs a core's %)
+                pids = self._tree()
+                self.pss_peak = max(self.pss_peak, sum(_pss(pid) for pid in pids))
+            for pid in pids:  # each process's own peak (VmHWM: the kernel keeps it between reads)
                 st = _status(pid)
                 if st:
                     self.peak[pid] = max(self.peak.get(pid, 0), st.get("VmHWM", 0))
                     self.threads[pid] = max(self.threads.get(pid, 0), st.get("Threads", 1))
-                total += _pss(pid)
-            self.pss_peak = max(self.pss_peak, total)
-            time.sleep(0.05)
+            tick += 1
+            time.sleep(0.1)
 
     def _role(self, pid: int) -> str:
         """The launcher; a rank (torch's and gloo's threads); or a tokenizing worker (one thread)."""
@@ -220,6 +222,7 @@ def main() -> None:
     res: dict = {"rows": args.rows, "jsonl_mb": (folder / "chats.jsonl").stat().st_size / 1e6}
     if args.hf_from:
         res.update({k: v for k, v in json.loads(args.hf_from.read_text()).items() if k.startswith("hf")})
+        res["hf_from"] = str(args.hf_from)
     elif not args.skip_hf:
         for n in (1, 2):
             first = hf_map(folder / "chats.jsonl", folder / "tok", n, tmp / f"hf{n}")
@@ -269,12 +272,14 @@ def write(res: dict, args: argparse.Namespace) -> None:
                       f"single-process load + map ({f['data_line']:.0f} s against {res['hf1']['first']['total']:.0f}"
                       f" s); to the step-0 line {f['step0_line'] / res['hf1']['first']['total']:.2f}x."]
     lines += ["", "Memory while reading (peak resident set per process; summed proportional set size of all of them):",
-              "", "| data | launcher | tokenizing worker | rank | summed PSS | first start to the data line (s) |",
+              "", "| data | launcher | worker (tokenizing, or Arrow's reading process) | rank | summed PSS "
+                  "| data line (s) |",
               "|---|---|---|---|---|---|"]
     for name, r in [("chats, JSONL (first start)", f), ("chats, JSONL (second start)", s)] + [
             (f"pre-tokenized, {k}", v) for k, v in res.get("formats", {}).items()]:
         p = r["peak_rss"]
-        lines.append(f"| {name} | {_gib(p.get('launcher', 0))} GiB | {_gib(p.get('worker', 0))} GiB | "
+        worker = f"{_gib(p['worker'])} GiB" if "worker" in p else "—"
+        lines.append(f"| {name} | {_gib(p.get('launcher', 0))} GiB | {worker} | "
                      f"{_gib(p.get('rank', 0))} GiB | {_gib(r['pss_peak'])} GiB | {r['data_line']:.1f} |")
     if "formats" in res and {"jsonl", "parquet"} <= res["formats"].keys():
         fj, fp = res["formats"]["jsonl"], res["formats"]["parquet"]
@@ -288,7 +293,11 @@ def write(res: dict, args: argparse.Namespace) -> None:
                       f"time for {k:.0f}x the rows); launcher peak {_gib(b['peak_rss'].get('launcher', 0))} GiB, "
                       f"worker {_gib(b['peak_rss'].get('worker', 0))} GiB, rank {_gib(b['peak_rss'].get('rank', 0))}"
                       f" GiB, summed PSS {_gib(b['pss_peak'])} GiB."]
-    cmd = f"python bench/data_scale.py --rows {args.rows} --big-rows {args.big_rows} --write"
+    if res.get("hf_from"):
+        lines += ["", "The HF rows come from an earlier run of this benchmark on this machine with the same rows and "
+                      "tokenizer (`--hf-from`), not from this run."]
+    cmd = (f"python bench/data_scale.py --rows {args.rows} --big-rows {args.big_rows}"
+           + (" --hf-from RESULT.json" if res.get("hf_from") else "") + " --write")
     write_section("data-scale", "Reading data at scale", cmd, "\n".join(lines))
 
 

@@ -166,6 +166,8 @@ class DeviceCheck:
             host = [tuple(t.shape) for t in tensors if t.device.type == "cpu" and t.dim() > 0]
             if host:
                 self.violations.append(f"{name}: host tensor(s) {host} handed to a collective")
+            for t in tensors:  # what each collective moves, by dtype ("collective_bytes_float32", ...)
+                self.counts[f"collective_bytes_{str(t.dtype).removeprefix('torch.')}"] += t.numel() * t.element_size()
             return
         if "_to_copy" in name or name.startswith("aten.copy_"):
             copy_ = name.startswith("aten.copy_")

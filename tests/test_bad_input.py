@@ -95,10 +95,10 @@ def test_bad_input_one_line_exit_2(args, says):
 
 
 def test_a_global_batch_larger_than_the_data_is_one_step_said_once():
-    proc = pool.cli(["train", "--model", "tiny", "--global-batch", "5000", "--samples", "40", "--nproc", "2",
+    proc = pool.cli(["train", "--model", "tiny", "--global-batch", "5000", "--samples", "8", "--nproc", "2",
                      "--json"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    said = "--global-batch 5000 is more than the 40 samples of tiny-longtail: one step of all 40"
+    said = "--global-batch 5000 is more than the 8 samples of tiny-longtail: one step of all 8"
     assert proc.stderr.count(said) == 1
     assert sum(1 for x in proc.stdout.splitlines() if x.startswith('{"step"')) == 1
 

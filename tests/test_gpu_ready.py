@@ -66,3 +66,25 @@ def test_gpu_ready_syncs_per_micro_batch_do_not_grow_with_layers_or_documents(se
     for layers in (2, 8):
         calls = {counts[f"syncs_{layers}_layers_{d}_docs"]["attention_calls"] for d in (4, 64)}
         assert calls == {2 * layers}, counts  # one forward and one backward call per layer
+
+
+def test_gpu_ready_gradients_travel_in_their_own_dtype_not_fp64(seen):
+    """Without FSDP the step all-reduces the gradients beside its fp64 statistics: the bf16 gradients travel as
+    bf16 (one flat bucket per dtype), the fp64 bucket holds only the statistics' few numbers."""
+    got = seen["step_no_fsdp"]
+    assert got["error"] is None, got["error"]
+    moved = {k.removeprefix("collective_bytes_"): v for k, v in got["counts"].items()
+             if k.startswith("collective_bytes_")}
+    params = sum(p.numel() for p in _spec_model_params())
+    assert moved.get("bfloat16", 0) >= 2 * params, moved  # every gradient, in bf16
+    assert moved.get("float64", 0) <= 8 * 64, moved  # the statistics only (before: every gradient as fp64)
+
+
+def _spec_model_params():
+    import torch
+    from dist_workers import SPEC  # the worker's model shape
+
+    from longpack.runtime.run.hf_model import build
+
+    with torch.device("meta"):
+        return list(build(SPEC, 0, torch.bfloat16).parameters())

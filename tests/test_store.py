@@ -280,3 +280,32 @@ def test_under_torchrun_one_rank_builds_while_the_other_waits(tmp_path, bpe):
                      "1", "--global-batch", "8", "--token-cap", "256"], env={"LONGPACK_DATA_TRACE": str(trace)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(json.loads(x)["event"] for x in trace.read_text().splitlines()) == ["build", "map"]
+
+
+def test_the_reading_process_passes_items_and_names_its_errors(tmp_path):
+    """Arrow batches are read in a forked process (store/build._from_child): its items arrive in order; a bad row
+    keeps its record; any other error, or the process dying, is one line naming the source."""
+    from longpack.store import build
+    from longpack.store.check import RowError
+    from longpack.store.read import DataSource
+
+    src = DataSource(tmp_path / "rows.parquet", "parquet")
+    assert list(build._from_child(lambda: iter(range(5)), src)) == [0, 1, 2, 3, 4]
+
+    def bad_row():
+        yield 1
+        raise RowError(7, "labels holds -5")
+
+    got = []
+    with pytest.raises(RowError) as row:
+        got.extend(build._from_child(bad_row, src))
+    assert got == [1] and (row.value.record, row.value.message) == (7, "labels holds -5")
+
+    def broken():
+        raise OSError("Couldn't deserialize thrift: TProtocolException: Invalid data\nmore")
+        yield
+
+    with pytest.raises(SourceError, match=r"rows.parquet: reading failed: OSError: Couldn't deserialize thrift"):
+        list(build._from_child(broken, src))
+    with pytest.raises(SourceError, match="ended at exit code 3 without a word"):
+        list(build._from_child(lambda: (os._exit(3) for _ in [0]), src))

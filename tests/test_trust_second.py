@@ -100,6 +100,7 @@ def test_a_frozen_rank_is_named_within_the_timeout_and_five_seconds():
     lines = [x for x in err.splitlines() if x.startswith("longpack: error:")]
     assert proc.returncode == 2 and len(lines) == 1, err[-2000:]
     assert f"rank {rank} stopped answering at step" in lines[0] and "stopped (SIGSTOP" in lines[0], lines
+    assert "--timeout 10 s" in lines[0], lines
     assert took < 10 + 5, took  # the peers wait --timeout, the launcher ends the run at once
     assert "Terminating process" not in err and "forcefully" not in err  # torch's launcher lines stay out
 

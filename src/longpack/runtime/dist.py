@@ -2,7 +2,7 @@
 
 :class:`DistContext` is built once per process from torchrun's environment (or given explicitly for spawned
 tests): rank, world size, backend (gloo on CPU, nccl on GPU) and the device. ``all_reduce_sum`` sums every
-gradient across the ranks that share parameters in one flat bucket.
+gradient across the ranks that share parameters in one flat bucket per dtype.
 """
 
 from __future__ import annotations
@@ -53,16 +53,21 @@ def init_distributed(device: str | None = None, timeout: float | None = None) ->
 
 
 def all_reduce_sum(tensors: list[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
-    """Sum ``tensors`` in place across the group with one flattened all-reduce."""
+    """Sum ``tensors`` in place across the group: one flattened all-reduce per dtype, so each tensor travels in its
+    own dtype (bf16 or fp32 gradients are not promoted to the fp64 of the step's statistics beside them)."""
     if not tensors or not (dist.is_available() and dist.is_initialized()):
         return
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
-    offset = 0
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset:offset + n].view_as(t))
-        offset += n
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for same in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for t in same:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
 
 
 def leave() -> None:
