@@ -5,7 +5,7 @@ For each size, `longpack plan` writes a plan of the workload's steps; a fresh pr
 peak resident memory, reads and validates the file (jobs.load_plan_file) and simulates it (jobs.summarize) as the
 command does, and reports the rise of its peak over the JSON's bytes.
 
-    python bench/plan_file_memory.py [--steps 500 2000 8000] [--write]
+    python bench/plan_file_memory.py [--steps 200 800] [--write]
 """
 
 from __future__ import annotations
@@ -48,23 +48,38 @@ def measure(steps: int, planner: str, folder: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, nargs="+", default=[500, 2000, 8000])
+    ap.add_argument("--steps", type=int, nargs="+", default=[200, 800])
     ap.add_argument("--planner", default="isf")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [measure(s, args.planner, Path(tmp)) for s in args.steps]
-    for r in rows:
-        print(f"{r['steps']:6d} steps: {r['json_bytes'] / 2**20:8.1f} MiB of JSON, peak rose "
-              f"{r['rise_bytes'] / 2**20:8.1f} MiB: {r['factor']:.1f} bytes per JSON byte")
+        for steps in args.steps:
+            r = measure(steps, args.planner, Path(tmp))
+            rows.append(r)
+            print(f"{r['steps']:6d} steps: {r['json_bytes'] / 2**20:8.1f} MiB of JSON, peak rose "
+                  f"{r['rise_bytes'] / 2**20:8.1f} MiB: {r['factor']:.1f} bytes per JSON byte", flush=True)
+    slope = _slope(rows)
+    if slope is not None:
+        print(f"slope between the smallest and the largest plan: {slope:.1f} bytes per JSON byte")
     if args.write:
         body = ("| steps | plan JSON (MiB) | peak rise (MiB) | bytes per JSON byte |\n|---|---|---|---|\n"
                 + "".join(f"| {r['steps']:,} | {r['json_bytes'] / 2**20:.1f} | {r['rise_bytes'] / 2**20:.1f} | "
                           f"{r['factor']:.1f} |\n" for r in rows)
+                + (f"\nBetween the smallest and the largest plan the peak grows {slope:.1f} bytes per JSON byte: "
+                   "rounded up, the factor a large file is refused by (jobs.PLAN_BYTES_PER_JSON_BYTE)."
+                   if slope else "")
                 + f"\n\nPlanner {args.planner}, chatqa2-long-sft, qwen2.5-7b on h100, dp 8, global batch 64; the "
                   "peak resident memory of a fresh process over its peak after importing longpack.")
         write_section("plan-file-memory", "Memory of simulating a plan file",
                       f"python bench/plan_file_memory.py --steps {' '.join(map(str, args.steps))} --write", body)
+
+
+def _slope(rows: list[dict]) -> float | None:
+    """The peak's growth per JSON byte from the smallest plan to the largest (the constant overhead cancels)."""
+    if len(rows) < 2 or rows[-1]["json_bytes"] == rows[0]["json_bytes"]:
+        return None
+    return (rows[-1]["rise_bytes"] - rows[0]["rise_bytes"]) / (rows[-1]["json_bytes"] - rows[0]["json_bytes"])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ __all__ = ["RunSpec", "load_workload", "build_cost", "check_batch", "run_plan", 
            "compare_plans", "Comparison", "oom_note", "epoch_steps", "length_stats", "bench_planning"]
 
 
-PLAN_BYTES_PER_JSON_BYTE = 24  # a plan's peak memory while read and simulated, per byte of its JSON (measured)
+PLAN_BYTES_PER_JSON_BYTE = 13  # peak growth per JSON byte, read and simulated: 12.4 (bench/plan_file_memory.py)
 
 
 def load_plan_file(path: Path) -> Plan:

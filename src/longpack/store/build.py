@@ -197,6 +197,7 @@ def _from_child(make: Callable[[], Iterable], src: DataSource) -> Generator:
             try:
                 kind, item = recv.recv()
             except EOFError:
+                proc.join(10)  # its exit code, once the OS has it
                 raise SourceError(f"{src.name}: the reading process ended at exit code {proc.exitcode} without "
                                   "a word (killed? out of memory?)") from None
             if kind == "end":
