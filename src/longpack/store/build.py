@@ -174,9 +174,10 @@ def _quiet_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def _daemonic() -> bool:
-    """Whether this process may not have children (a daemonic worker of another pool)."""
-    return bool(multiprocessing.current_process().daemon)
+def _can_fork() -> bool:
+    """Whether this process may fork children: fork is available and it is not a daemonic worker of another
+    pool."""
+    return "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
 
 
 def _from_child(make: Callable[[], Iterable], src: DataSource) -> Generator:
@@ -184,7 +185,7 @@ def _from_child(make: Callable[[], Iterable], src: DataSource) -> Generator:
     buffer is the only backlog: the child waits while this process writes); a RowError in the child is raised
     here with its record, any other error as one SourceError line naming the source. Inline where fork is not
     available or in a daemonic process."""
-    if "fork" not in multiprocessing.get_all_start_methods() or _daemonic():
+    if not _can_fork():
         yield from make()
         return
     ctx = multiprocessing.get_context("fork")
@@ -233,7 +234,7 @@ def _parallel(fn: Callable, tasks: Iterable, num_proc: int) -> Generator:
     """``fn`` over ``tasks``, results in order, on ``num_proc`` forked processes with at most ``2 num_proc + 2``
     tasks in flight (here, in order, with one process, where fork is not available, or in a daemonic process)."""
     one = isinstance(tasks, list) and len(tasks) <= 1  # a small file: no pool to start
-    if num_proc <= 1 or one or "fork" not in multiprocessing.get_all_start_methods() or _daemonic():
+    if num_proc <= 1 or one or not _can_fork():
         for t in tasks:
             yield fn(t)
         return

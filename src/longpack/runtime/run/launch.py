@@ -18,7 +18,7 @@ from ..kernel.step import check_step
 from .failure import PeerLost, one_line, peer_lost, watch
 from .fit import check_fits
 from .resume import announce, begin, warner
-from .run_plan import LAUNCHED, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
+from .run_plan import LAUNCHED, held_out, load_source, model_spec, plan_stream, sharded, with_digest, zero_stage
 from .startup import Phases
 from .step_log import show
 from .train import DTYPES, Prepared, check_folders, first_records, train
@@ -83,8 +83,7 @@ def _before_spawning(args: TrainArgs, nproc: int, device: torch.device) -> tuple
                per_layer=zero_stage(args, nproc, spec) == 3)
     check_folders(args, spec, nproc)
     source = load_source(args, spec.vocab, say=say)
-    if hasattr(source, "digest") and args.out.checkpoint_dir:  # what a resume compares (as each rank records)
-        args = args.with_content(source.digest())
+    args = with_digest(args, source)
     clock.mark("data")
     if args.run.epochs > 1:  # the plan's samples are every epoch's copies of the rows (as train makes them)
         source = EpochSource(source, len(source.lengths))  # type: ignore[attr-defined]

@@ -21,7 +21,8 @@ from .train_args import TrainArgs, check_layout
 
 LAUNCHED = "LONGPACK_LAUNCHED"  # set by `longpack train --nproc`'s launcher once it has read the rows
 
-__all__ = ["LAUNCHED", "load_source", "model_spec", "plan_stream", "build_plan", "held_out", "zero_stage"]
+__all__ = ["LAUNCHED", "load_source", "with_digest", "model_spec", "plan_stream", "build_plan", "held_out",
+           "zero_stage"]
 
 
 def load_source(args: TrainArgs, vocab: int, say: Any = None) -> Source:
@@ -30,6 +31,14 @@ def load_source(args: TrainArgs, vocab: int, say: Any = None) -> Source:
     if args.data.path is None:
         return SyntheticCorpus(vocab, seed=args.run.seed)
     return _rows(args, args.data.path, vocab, say, "--data")
+
+
+def with_digest(args: TrainArgs, source: Source) -> TrainArgs:
+    """``args`` with the rows' digest, where a checkpoint records it and a resume compares it (the user's rows
+    and a checkpoint folder); unchanged otherwise."""
+    if hasattr(source, "digest") and args.out.checkpoint_dir:
+        return args.with_content(source.digest())
+    return args
 
 
 def _rows(args: TrainArgs, path: str, vocab: int, say: Any, flag: str) -> Any:

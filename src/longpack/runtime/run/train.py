@@ -32,7 +32,17 @@ from .metrics import MetricsLog
 from .output import save_output
 from .parts import DTYPES, build_parts, check_folders, stored_dtype
 from .resume import announce, begin, resume, warner
-from .run_plan import LAUNCHED, build_plan, held_out, load_source, model_spec, plan_stream, sharded, zero_stage
+from .run_plan import (
+    LAUNCHED,
+    build_plan,
+    held_out,
+    load_source,
+    model_spec,
+    plan_stream,
+    sharded,
+    with_digest,
+    zero_stage,
+)
 from .same_run import settings
 from .startup import Phases
 from .step_log import emit
@@ -73,8 +83,7 @@ def train(args: TrainArgs, ctx: DistContext | None = None, prepared: Prepared | 
         check_folders(args, spec, ctx.world)
     note = say if ctx.rank == 0 and not launched else None
     source = prepared.source if prepared is not None else load_source(args, spec.vocab, note)
-    if hasattr(source, "digest") and args.out.checkpoint_dir:  # what a checkpoint records, and a resume compares
-        args = args.with_content(source.digest())
+    args = with_digest(args, source)
     if args.run.epochs > 1 and prepared is None:  # the plan's samples are every epoch's copies of the rows
         n = len(source.lengths) if hasattr(source, "lengths") else len(load_workload(args.run)[0])
         source = EpochSource(source, n)
