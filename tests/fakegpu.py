@@ -15,8 +15,13 @@ records, per operator:
 * a CPU-only kernel reached with CUDA tensors (``*_for_cpu``), an explicit attention mask on CUDA;
 * a host tensor handed to a collective (NCCL takes none);
 * a host tensor mixed into a device operator (FakeTensorMode raises for it too, naming the operator);
-* host syncs: ``_local_scalar_dense`` (``.item()``, ``.tolist()``, ``float(t)``) on a device tensor, and host-to-
-  device copies; and attention kernel calls, so a per-document loop shows as calls growing with documents.
+* host syncs: ``_local_scalar_dense`` (``.item()``, ``.tolist()``, ``float(t)``) on a device tensor and device-to-
+  host copies (``syncs``); host-to-device copies (``h2d``), and among them those that block the host
+  (``h2d_blocking``: not ``non_blocking``, or from memory that is not pinned — the library also registers a pinned
+  host allocator, so ``pin_memory()`` and ``is_pinned()`` work); and attention kernel calls, so a per-document loop
+  shows as calls growing with documents;
+* per collective op (``allreduce``, ``reduce_scatter_base``, ...): its calls and the bytes of the largest tensor
+  handed to each (an all-reduce's tensor, a reduce-scatter's input), ``collective_<op>_calls`` / ``_bytes``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,37 @@ __all__ = ["activate", "DeviceCheck"]
 _SOURCE = r"""
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+// "Pinned" host memory: ordinary aligned host memory whose blocks are remembered, so that is_pinned() tells a
+// tensor staged through pin_memory() from one that was not.
+namespace {
+std::mutex pinned_mutex;
+std::map<const char*, size_t> pinned_blocks;
+void pinned_free(void* p) {
+  { std::lock_guard<std::mutex> hold(pinned_mutex); pinned_blocks.erase(static_cast<const char*>(p)); }
+  std::free(p);
+}
+bool pinned(const void* data) {
+  std::lock_guard<std::mutex> hold(pinned_mutex);
+  auto it = pinned_blocks.upper_bound(static_cast<const char*>(data));
+  if (it == pinned_blocks.begin()) return false;
+  --it;
+  return static_cast<const char*>(data) < it->first + (it->second ? it->second : 1);
+}
+struct PinnedAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* p = std::aligned_alloc(64, ((n ? n : 1) + 63) / 64 * 64);
+    { std::lock_guard<std::mutex> hold(pinned_mutex); pinned_blocks[static_cast<const char*>(p)] = n; }
+    return {p, p, &pinned_free, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &pinned_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+PinnedAllocator pinned_allocator;
+}
 // A guard for a device that computes nothing: one device, one stream, events that are always complete.
 template <c10::DeviceType D>
 struct QuietGuard final : public c10::impl::NoOpDeviceGuardImpl<D> {
@@ -76,6 +112,9 @@ struct FakeCUDAHooks : public CUDAHooksInterface {
   void setCurrentDevice(DeviceIndex) const override {}
   DeviceIndex exchangeDevice(DeviceIndex) const override { return 0; }
   DeviceIndex maybeExchangeDevice(DeviceIndex) const override { return 0; }
+  void init() const override {}
+  bool isPinnedPtr(const void* data) const override { return pinned(data); }
+  Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
 };
 C10_REGISTER_CLASS(CUDAHooksRegistry, CUDAHooks, FakeCUDAHooks);
 }
@@ -126,8 +165,9 @@ def _tensors(args: Any) -> list[Any]:
 
 
 class DeviceCheck:
-    """Enter to run host work for real and device work fake; read ``violations``, ``syncs``, ``h2d`` and
-    ``attention_calls`` (see the module docstring). ``reset()`` zeroes the counters between measurements."""
+    """Enter to run host work for real and device work fake; read ``violations`` and the ``counts`` (``syncs``,
+    ``h2d``, ``h2d_blocking``, ``attention_calls``, ``collective_bytes_<dtype>``: see the module docstring).
+    ``reset()`` zeroes the counters between measurements."""
 
     def __init__(self) -> None:
         import torch
@@ -151,14 +191,14 @@ class DeviceCheck:
 
                     with _disable_current_modes():  # host work: real tensors, real values
                         return func(*args, **kwargs)
-                check._inspect(func, tensors, on_device, target, args)
+                check._inspect(func, tensors, on_device, target, args, kwargs)
                 if func is torch.ops.aten._local_scalar_dense.default:
                     return 0  # a fake tensor has no value; the sync is counted
                 return func(*args, **kwargs)
 
         self._mode = _Mode()
 
-    def _inspect(self, func: Any, tensors: list, on_device: list, target: Any, args: Any) -> None:
+    def _inspect(self, func: Any, tensors: list, on_device: list, target: Any, args: Any, kwargs: dict) -> None:
         import torch
 
         name = str(func)
@@ -168,6 +208,9 @@ class DeviceCheck:
                 self.violations.append(f"{name}: host tensor(s) {host} handed to a collective")
             for t in tensors:  # what each collective moves, by dtype ("collective_bytes_float32", ...)
                 self.counts[f"collective_bytes_{str(t.dtype).removeprefix('torch.')}"] += t.numel() * t.element_size()
+            op = name.split(".")[1].strip("_")  # allreduce, reduce_scatter_base, allgather, ...
+            self.counts[f"collective_{op}_calls"] += 1
+            self.counts[f"collective_{op}_bytes"] += max((t.numel() * t.element_size() for t in tensors), default=0)
             return
         if "_to_copy" in name or name.startswith("aten.copy_"):
             copy_ = name.startswith("aten.copy_")
@@ -176,6 +219,13 @@ class DeviceCheck:
                                                      else src.device.type)
             if src.device.type == "cpu" and dst != "cpu":
                 self.counts["h2d"] += 1
+                quiet = bool(args[2]) if copy_ and len(args) > 2 else bool(kwargs.get("non_blocking", False))
+                from torch.utils._python_dispatch import _disable_current_modes
+
+                with _disable_current_modes():  # the host tensor asked itself, not through the fake mode
+                    pinned = src.is_pinned()
+                if not (quiet and pinned):
+                    self.counts["h2d_blocking"] += 1
             elif src.device.type != "cpu" and dst == "cpu":
                 self.counts["syncs"] += 1  # device to host: the host waits for the device
             return

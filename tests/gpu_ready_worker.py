@@ -40,9 +40,9 @@ def _model(spec: ModelSpec = SPEC) -> torch.nn.Module:
     return model.to_empty(device=CUDA).train()
 
 
-def _run(plan: Plan, cp: int = 1, model: torch.nn.Module | None = None) -> None:
+def _run(plan: Plan, cp: int = 1, model: torch.nn.Module | None = None, world: int = WORLD) -> None:
     model = model or _model()
-    groups = CPGroups.for_plan(plan, WORLD) if cp > 1 else None
+    groups = CPGroups.for_plan(plan, world) if cp > 1 else None
     ctx = groups.context(plan.steps[0], 0) if groups else CPContext()
     mbs = plan.steps[0].replicas[0].micro_batches
     loss, *_ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), ctx)
@@ -59,6 +59,19 @@ def cp2_sharded() -> None:
     _run(plan, cp=2)
 
 
+def cp4_sharded() -> None:
+    """A step at CP degree 4: the fake process group made again with 4 ranks for it (rank 0 runs)."""
+    dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        plan = make_plan("fixed_cp", 1, cp=4)
+        assert any(p.cp_rank is None for *_, p in plan.iter_pieces()), "no sharded piece in the plan"
+        _run(plan, cp=4, world=4)
+    finally:
+        dist.destroy_process_group()
+        dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
+
+
 def chain_cp1() -> None:
     _run(sharded_chain_plan(1, cp=1))
 
@@ -68,7 +81,9 @@ def chain_cp2() -> None:
 
 
 def _pipeline(stage: int) -> None:
+    from longpack.runtime.dist import DistContext
     from longpack.runtime.kernel.pipeline import Layout, PipelineStage, split_model
+    from longpack.runtime.run.loop import read_once, share
 
     layout = Layout.build(stage, WORLD, 2, tied=False)
     model = split_model(_model(), stage, 2)
@@ -76,7 +91,8 @@ def _pipeline(stage: int) -> None:
     plan = make_plan("isf", 1)
     mbs = plan.steps[0].replicas[0].micro_batches
     pipe.run_step(plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0), fwd_s=[1.0] * len(mbs))
-    pipe.record(WORLD, stage)
+    values = read_once([share(pipe.columns(WORLD, stage), DistContext(rank=stage, world=WORLD, device=CUDA))])
+    assert set(pipe.record(values, WORLD)) >= {"busy_seconds", "measured_bubble"}
 
 
 def pp2_first_stage() -> None:
@@ -150,17 +166,50 @@ def cpu_weights_bug() -> None:
 
 
 def _syncs(layers: int, docs: int) -> None:
-    """One micro-batch of ``docs`` documents of 24 tokens on a model of ``layers`` layers."""
+    """One training step of a micro-batch of ``docs`` documents of 24 tokens on a model of ``layers`` layers, as
+    the loop runs it (runtime/run/loop.py): the step runner (gradients and statistics all-reduced over 2 ranks),
+    clipping, AdamW, every rank's figures, and the step's one read."""
+    from longpack.cost import CostModel, TrainConfig
+    from longpack.hardware import get_hardware
+    from longpack.runtime.dist import DistContext
+    from longpack.runtime.kernel.step_fn import StepRunner
+    from longpack.runtime.run.loop import read_once, share
+    from longpack.runtime.run.optim import adamw, clip_gradients
+    from longpack.runtime.run.step_log import rank_rows
+
     spec = ModelSpec(name="sync", layers=layers, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=48, vocab=61,
                      qkv_bias=True)
     mb = MicroBatch(tuple(Piece(s, 0, 24, 0) for s in range(docs)))
-    plan = Plan("syncs", 1, {s: 24 for s in range(docs)}, (Step(cp=1, token_cap=24 * docs,
-                                                                 replicas=(Replica((mb,)),)),))
-    _run(plan, model=_model(spec))
+    plan = Plan("syncs", 2, {s: 24 for s in range(docs)}, (Step(cp=1, token_cap=24 * docs,
+                                                                 replicas=(Replica((mb,)), Replica(()))),))
+    model, ctx = _model(spec), DistContext(rank=0, world=WORLD, device=CUDA)
+    opt = adamw(model, 1e-3, 0.0)
+    stats, peak = StepRunner(ctx).run(model, plan, 0, (mb,), SyntheticCorpus(spec.vocab, seed=0))
+    norm = clip_gradients(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    cost = CostModel(spec, get_hardware("h100"), TrainConfig(dp=WORLD, token_cap=24 * docs))
+    table = rank_rows(plan, 0, cost, ctx, peak, 0, 0.0)
+    assert len(read_once([stats, norm, share(table, ctx)])) == 4 + 3 * WORLD
 
 
-SCENARIOS = {f.__name__: f for f in (documents, cp2_sharded, chain_cp1, chain_cp2, pp2_first_stage, pp2_last_stage,
-                                     step_no_fsdp, step_fsdp_path, trainer, cpu_weights_bug)}
+def step_sync_last_backward() -> None:
+    """FSDP2's gather-once synchronisation (StepSync) over a step of several micro-batches: its clock counts the
+    backwards and the last one syncs the gradients — no closing one-token pass (the attention calls say so:
+    tests/test_gpu_ready.py)."""
+    from longpack.runtime.dist import DistContext
+    from longpack.runtime.kernel.parallelize import StepSync
+    from longpack.runtime.kernel.step_fn import StepRunner
+
+    model, plan = _model(), make_plan("isf", 2)
+    sync = StepSync(model, CUDA)
+    runner = StepRunner(DistContext(rank=0, world=WORLD, device=CUDA), sync=sync)
+    runner.run(model, plan, 0, plan.steps[0].replicas[0].micro_batches, SyntheticCorpus(SPEC.vocab, seed=0))
+
+
+SCENARIOS = {f.__name__: f for f in (documents, cp2_sharded, cp4_sharded, chain_cp1, chain_cp2, pp2_first_stage,
+                                     pp2_last_stage, step_no_fsdp, step_fsdp_path, step_sync_last_backward, trainer,
+                                     cpu_weights_bug)}
 for _layers in (2, 8):
     for _docs in (4, 64):
         SCENARIOS[f"syncs_{_layers}_layers_{_docs}_docs"] = (lambda a, b: lambda: _syncs(a, b))(_layers, _docs)

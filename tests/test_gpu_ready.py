@@ -18,8 +18,8 @@ pytest.importorskip("torch")
 if shutil.which("g++") is None:  # the fake device is a small C++ library built against torch's headers
     pytest.skip("g++ is needed to build the fake CUDA device", allow_module_level=True)
 
-PATHS = ["documents", "cp2_sharded", "chain_cp1", "chain_cp2", "pp2_first_stage", "pp2_last_stage", "step_no_fsdp",
-         "step_fsdp_path", "trainer"]
+PATHS = ["documents", "cp2_sharded", "cp4_sharded", "chain_cp1", "chain_cp2", "pp2_first_stage", "pp2_last_stage",
+         "step_no_fsdp", "step_fsdp_path", "step_sync_last_backward", "trainer"]
 SYNCS = [f"syncs_{layers}_layers_{docs}_docs" for layers in (2, 8) for docs in (4, 64)]
 HERE = Path(__file__).parent
 WORKER = pytest.StashKey[subprocess.Popen]()
@@ -55,17 +55,61 @@ def test_gpu_ready_harness_catches_token_weights_left_on_the_host(seen):
     assert any("mixed with CUDA tensors" in v for v in got["violations"])
 
 
-def test_gpu_ready_syncs_per_micro_batch_do_not_grow_with_layers_or_documents(seen):
+def test_gpu_ready_one_host_read_per_step_and_no_blocking_copy(seen):
+    """A whole training step as the loop runs it (step runner, clipping, AdamW, every rank's figures, the read),
+    for 2 and 8 layers, 4 and 64 documents: one host read per step; every host-to-device copy from pinned memory
+    and not blocking (0 blocking), and the same copies whatever the layers or documents (the micro-batch in one
+    copy, the step's counts in another)."""
     counts = {name: seen[name]["counts"] for name in SYNCS}
     for name in counts:
         assert seen[name]["error"] is None and seen[name]["violations"] == [], name
-    # the same host syncs and host-to-device copies for 2 and 8 layers, 4 and 64 documents
-    assert len({(c.get("syncs", 0), c.get("h2d", 0)) for c in counts.values()}) == 1, counts
+        assert counts[name].get("syncs", 0) == 1, (name, counts[name])
+        assert counts[name].get("h2d_blocking", 0) == 0, (name, counts[name])
+    assert len({c.get("h2d", 0) for c in counts.values()}) == 1, counts
     assert counts["syncs_2_layers_4_docs"].get("h2d", 0) <= 3
     # attention: the same backend calls for 4 and 64 documents (no per-document loop), growing with layers only
     for layers in (2, 8):
         calls = {counts[f"syncs_{layers}_layers_{d}_docs"]["attention_calls"] for d in (4, 64)}
         assert calls == {2 * layers}, counts  # one forward and one backward call per layer
+
+
+def test_gpu_ready_gather_once_sync_runs_no_closing_pass(seen):
+    """StepSync (FSDP2 gathered once a step) turns gradient sync on before the rank's last backward instead of
+    closing the step with a one-token pass: the attention backend is called once forward and once backward per
+    layer for each micro-batch the rank holds, and no more."""
+    from dist_workers import SPEC, make_plan
+
+    got = seen["step_sync_last_backward"]
+    assert got["error"] is None and got["violations"] == [], got
+    held = [mb for mb in make_plan("isf", 2).steps[0].replicas[0].micro_batches if mb.pieces]
+    assert len(held) >= 2  # a step of several micro-batches: the last backward is not the only one
+    assert got["counts"]["attention_calls"] == 2 * SPEC.layers * len(held), (got["counts"], len(held))
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_gpu_ready_context_parallel_kv_gradients_are_reduce_scattered(seen, cp):
+    """The K/V gradient of a CP step's sharded pieces goes to its owners by one reduce-scatter per layer and
+    micro-batch, of each rank's rows padded to the largest share — on NCCL's ring (c−1)/c of that per rank, half
+    of the all-reduce that moved it before — and no all-reduce or fp64 tensor at all in the step's exchanges."""
+    from dist_workers import SPEC, make_plan
+
+    from longpack.runtime.kernel.context_parallel import zigzag_blocks
+
+    got = seen[f"cp{cp}_sharded"]
+    assert got["error"] is None and got["violations"] == [], got
+    counts = got["counts"]
+    payload = 0  # bytes of [cp · largest share, kv_heads, 2 · head_dim] bf16 per layer and micro-batch
+    for mb in make_plan("fixed_cp", 1, cp=cp).steps[0].replicas[0].micro_batches:
+        shared = [p for p in mb.pieces if p.cp_rank is None]
+        if shared:
+            top = max(sum(b - a for p in shared for a, b in zigzag_blocks(p.start, p.stop, cp, r)) for r in range(cp))
+            payload += SPEC.layers * cp * top * SPEC.kv_heads * 2 * SPEC.head_dim * 2
+    assert payload > 0
+    assert counts.get("collective_reduce_scatter_base_bytes", 0) == payload, (counts, payload)
+    assert counts.get("collective_allreduce_calls", 0) == 0, counts
+    assert counts.get("collective_bytes_float64", 0) == 0, counts
+    print(f"cp {cp}: K/V gradients reduce-scattered, {payload} bytes handed in; "
+          f"{payload * (cp - 1) // cp} bytes per rank on a ring (an all-reduce: {2 * payload * (cp - 1) // cp})")
 
 
 def test_gpu_ready_gradients_travel_in_their_own_dtype_not_fp64(seen):

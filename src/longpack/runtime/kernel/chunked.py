@@ -77,12 +77,21 @@ class _WithPrefix(torch.autograd.Function):
         return dq, dk[at:], dv[at:], None, None
 
 
-def with_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: list) -> torch.Tensor:
+def with_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: list,
+                memo: dict[tuple[int, int], varlen.Seqs] | None = None) -> torch.Tensor:
     """Queries ``q`` [s, H, D] over fully visible stored ``blocks`` [(k, v, grad_k acc, grad_v acc)] and their own
-    keys ``k`` / ``v`` [s, Hkv, D] (causal); exact, with the stored keys' gradients added to the accumulators."""
+    keys ``k`` / ``v`` [s, Hkv, D] (causal); exact, with the stored keys' gradients added to the accumulators.
+    ``memo``: the backend's lengths by (queries, keys), kept by the caller so that every layer of a pass reuses
+    one copy of them on the device."""
+    n = q.shape[0]
+    key = (n, n + sum(b[0].shape[0] for b in blocks))
+    seqs = memo.get(key) if memo is not None else None
+    if seqs is None:
+        seqs = varlen.Seqs([key[0]], [key[1]])
+        if memo is not None:
+            memo[key] = seqs
     if not blocks:
-        return varlen.attention(q, k, v, varlen.Seqs([q.shape[0]]))
-    seqs = varlen.Seqs([q.shape[0]], [q.shape[0] + sum(b[0].shape[0] for b in blocks)])
+        return varlen.attention(q, k, v, seqs)
     return _WithPrefix.apply(q, k, v, blocks, seqs)
 
 
@@ -100,11 +109,12 @@ class ChunkPass:
         # per layer, this chunk's own K/V from its first forward (the tensors later chunks' gradients go into); a
         # checkpointed layer's recomputation during backward calls this again and must not replace them
         self.own: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.memo: dict[tuple[int, int], varlen.Seqs] = {}
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         a, b = self.span
         self.own.setdefault(layer, (k[a:b], v[a:b]))
-        o = with_prefix(q[a:b], k[a:b], v[a:b], self.store.before(layer, self.index))
+        o = with_prefix(q[a:b], k[a:b], v[a:b], self.store.before(layer, self.index), self.memo)
         if not self.others.q_lens:
             return o
         rest = varlen.attention(*(torch.cat([t[:a], t[b:]]) for t in (q, k, v)), self.others)

@@ -8,8 +8,8 @@ a piece with ``cp_rank = None`` is sharded:
   share is FLOPs(S)/c (Skrull's DACP). Blocks keep their global positions (RoPE) and next-token targets.
 * **K/V exchange by all-gather** (chosen over a ring: one collective per layer, simple and exact, and on CPU/gloo
   the ring's per-step latency dominates; memory is the full K/V of the sharded pieces, which the token cap already
-  bounds). The all-gather is an autograd function whose backward all-reduces the gathered gradient and keeps the
-  rank's own slice, so dK/dV from every rank's queries reach the owner.
+  bounds). The all-gather is an autograd function whose backward reduce-scatters the gathered gradient, so dK/dV
+  from every rank's queries reach the owner, and each rank receives only its own rows' sum.
 * **Overlap.** The all-gather is issued asynchronously before the local pieces' attention and waited for after it
   (Fig. 2d), so communication hides behind local work in the forward pass. ``overlap=False`` waits first.
 * Each rank's query block [a, b) of a sharded piece attends to keys [0, b) of the gathered sequence, bottom-right
@@ -28,6 +28,8 @@ import torch.distributed as dist
 from ...plan import MicroBatch
 from . import varlen
 from .cp import CPContext
+from .host import to_device
+from .uneven import reduce_rows
 
 __all__ = ["zigzag_blocks", "rank_pieces", "CPAttention", "all_gather_seq"]
 
@@ -61,7 +63,8 @@ def rank_pieces(mb: MicroBatch, cp: int, rank: int) -> tuple[list[tuple[int, int
 
 
 class _AllGather(torch.autograd.Function):
-    """Concatenate every CP rank's rows (rank order); backward: all-reduce the gradient, keep this rank's rows."""
+    """Concatenate every CP rank's rows (rank order); backward: each rank's rows of the gradient summed over the
+    group and sent to it (a reduce-scatter, runtime/kernel/uneven.py)."""
 
     @staticmethod
     def forward(ctx, x, group, sizes, rank, handle_box):  # type: ignore[override]
@@ -70,10 +73,7 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        offset = sum(ctx.sizes[: ctx.rank])
-        return grad[offset:offset + ctx.sizes[ctx.rank]], None, None, None, None
+        return reduce_rows(grad, ctx.group, ctx.sizes, ctx.rank), None, None, None, None
 
 
 def _gathered(x: torch.Tensor, group: dist.ProcessGroup | None, sizes: list[int], handle_box: list) -> torch.Tensor:
@@ -130,15 +130,17 @@ class CPAttention:
 
     def _indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
         """(local row index, sharded row index, per piece the order of its gathered K/V) on ``device``, made
-        once (one host-to-device copy each)."""
+        once, in one host-to-device copy (runtime/kernel/host.py)."""
         got = self._index.get(device)
         if got is None:
             def rows_of(ids: list[int]) -> torch.Tensor:
                 parts = [np.arange(self.offs[i], self.offs[i + 1]) for i in ids]
-                return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)).to(device)
+                return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
 
-            got = self._index[device] = (rows_of(self.local_rows), rows_of(self.shard_rows),
-                                         {k: t.to(device) for k, t in self._piece_order().items()})
+            order = self._piece_order()
+            host = [rows_of(self.local_rows), rows_of(self.shard_rows), *order.values()]
+            moved = to_device(torch.cat(host), device).split([len(t) for t in host])
+            got = self._index[device] = (moved[0], moved[1], dict(zip(order, moved[2:], strict=True)))
         return got
 
     def _piece_order(self) -> dict[int, torch.Tensor]:

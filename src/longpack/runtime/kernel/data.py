@@ -24,6 +24,7 @@ import torch
 
 from ...plan import MicroBatch, Plan
 from ...rows import IGNORE
+from .host import to_device
 
 __all__ = ["SyntheticCorpus", "Source", "Packed", "collate", "PlanSampler", "IGNORE"]
 
@@ -108,16 +109,23 @@ class Packed:
     sample_of_token: torch.Tensor
     weights: torch.Tensor | None = None  # each token's target weight in the step objective (runtime/kernel/loss.py)
     n_targets: int = 0  # positions with a real target, counted on the host
+    cu_device: torch.Tensor | None = None  # ``cu_seqlens`` as int32 on the device, once the batch is moved there
 
     def to(self, device: torch.device) -> Packed:
-        """The tensors the model and the loss read, moved to ``device`` in two copies (ids, labels and positions
-        stacked in one; the weights in the other); the host keeps the counts and ``sample_of_token``."""
+        """The tensors the model, the loss and the attention read, moved to ``device`` in one copy: ids, labels,
+        positions, the weights' bits and the document offsets in one int64 buffer (pinned and not blocking on
+        CUDA: runtime/kernel/host.py), sliced on the device; the host keeps the counts and ``sample_of_token``."""
         if device.type == "cpu":
             return self
-        ids = torch.stack([self.input_ids, self.labels, self.position_ids]).to(device)
-        self.input_ids, self.labels, self.position_ids = ids[0], ids[1], ids[2]
+        n, parts = self.input_ids.shape[0], [self.input_ids, self.labels, self.position_ids]
         if self.weights is not None:
-            self.weights = self.weights.to(device)
+            parts.append(self.weights.to(torch.float64).view(torch.int64))
+        parts.append(torch.tensor(self.cu_seqlens, dtype=torch.int64))
+        buf = to_device(torch.cat(parts), device)
+        self.input_ids, self.labels, self.position_ids = buf[:n], buf[n:2 * n], buf[2 * n:3 * n]
+        if self.weights is not None:
+            self.weights = buf[3 * n:4 * n].view(torch.float64)
+        self.cu_device = buf[len(parts[:-1]) * n:].to(torch.int32)
         return self
 
     @property

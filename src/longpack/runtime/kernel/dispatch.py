@@ -81,7 +81,7 @@ def attend_for(work: StepWork, mb: MicroBatch, batch: Packed, rows: Rows, link: 
     if link is None:
         if work.cp.degree > 1:
             return CPAttention(mb, work.cp, *rows)
-        seqs = varlen.Seqs.of_offsets(batch.cu_seqlens)
+        seqs = varlen.Seqs.of_offsets(batch.cu_seqlens).placed(batch.cu_device)
         return lambda _layer, q, k, v: varlen.attention(q, k, v, seqs)
     if work.cp.degree > 1:
         return ShardedChainPass(mb, work.cp, *rows, link)

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .uneven import reduce_rows
+
 __all__ = ["KVStore", "ShardedKVStore"]
 
 Entry = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -76,11 +78,10 @@ class ShardedKVStore(KVStore):
         return full[..., :d], full[..., d:]
 
     def reduce(self, layer: int, chunk: int, dk: torch.Tensor, dv: torch.Tensor) -> None:
-        """Sum the gathered prefix's gradient over the group and add this rank's rows into its accumulators."""
-        grad = torch.cat([dk, dv], -1)
-        dist.all_reduce(grad, group=self.group)
-        totals = self._totals(chunk)
-        offset = sum(totals[: self.rank])
+        """Sum the gathered prefix's gradient over the group, each rank receiving its own rows (a reduce-scatter,
+        runtime/kernel/uneven.py), and add them into this rank's accumulators."""
+        grad = reduce_rows(torch.cat([dk, dv], -1), self.group, self._totals(chunk), self.rank)
+        offset = 0
         d = grad.shape[-1] // 2
         for _, _, acc_k, acc_v in self.blocks[layer][:chunk]:
             n = acc_k.shape[0]

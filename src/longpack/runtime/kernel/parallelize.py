@@ -15,9 +15,10 @@ under bf16 compute).
   has less to do: the same collectives in the same order on every rank. Static memory: 16 bytes per parameter
   over the ranks, plus one gathered layer (two with prefetch) and the root while gathered.
 * :class:`StepSync` — pipeline stages (and models Accelerate sharded): the parameters gathered once per step,
-  the rank's micro-batches run with gradient sync off, the gradients reduce-scattered once through a one-token
-  closing pass whose loss is multiplied by zero. The cost: full parameters and gradients live through the step
-  (ZeRO-2's footprint), and one one-token forward and backward per step.
+  the rank's micro-batches run with gradient sync off until its last backward, which reduce-scatters the step's
+  accumulated gradients layer by layer while it runs (:class:`~longpack.runtime.kernel.passes.LastBackward`
+  counts the backwards). The cost: full parameters and gradients live through the step (ZeRO-2's footprint); a
+  rank with no micro-batch in a step reduce-scatters through one empty one-token pass.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from .engine import decoder_layers
-from .passes import Clock, merge, replica_passes
+from .passes import Clock, LastBackward, merge, replica_passes
 from .runner import empty_loss
 from .step import chain_segments
 
@@ -91,26 +92,42 @@ class PassSync:
 
 
 class StepSync:
-    """Gather the parameters once per step, reduce-scatter the gradients once (see the module docstring)."""
+    """Gather the parameters once per step; the step's last backward reduce-scatters the gradients (see the module
+    docstring)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.model, self.device = model, device
         self.modules = fsdp_modules(model)
+        self.clock: LastBackward | None = None
 
-    def begin(self, *_: Any) -> None:
-        """Gather every unit (the step's passes then need no clock)."""
+    def begin(self, plan: Any = None, step: int = 0, rank: int = 0) -> LastBackward:
+        """Gather every unit, gradient sync off; the clock turns it on before the rank's last backward of
+        ``step`` (one per micro-batch with pieces on the rank's replica; none without a plan)."""
         for m in self.modules:
             m.set_requires_gradient_sync(False, recurse=False)
             m.set_reshard_after_forward(False, recurse=False)
             m.set_reshard_after_backward(False, recurse=False)
         for m in self.modules:  # same modules, same order on every rank: the all-gathers match
             m.unshard()
+        backwards = 0
+        if plan is not None:
+            st = plan.steps[step]
+            backwards = sum(1 for mb in st.replicas[st.position(rank)[0]].micro_batches if mb.pieces)
+        self.clock = LastBackward(backwards, self._sync_on, lambda: empty_loss(self.model, self.device))
+        return self.clock
 
-    def end(self) -> None:
+    def _sync_on(self) -> None:
         for m in self.modules:
             m.set_requires_gradient_sync(True, recurse=False)
             m.set_reshard_after_backward(True, recurse=False)
-        empty_loss(self.model, self.device).backward()
+
+    def end(self) -> None:
+        """A rank that ran no backward this step (no micro-batch with pieces) reduce-scatters through one empty
+        pass, with its peers' last backwards."""
+        if self.clock is None or not self.clock.synced:
+            self._sync_on()
+            empty_loss(self.model, self.device).backward()
+        self.clock = None
 
 
 def sync_for(model: torch.nn.Module, device: torch.device, zero_stage: int) -> PassSync | StepSync:

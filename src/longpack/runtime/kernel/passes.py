@@ -27,7 +27,7 @@ from typing import Any
 
 from ...plan import MicroBatch
 
-__all__ = ["replica_passes", "merge", "Clock", "NO_CLOCK"]
+__all__ = ["replica_passes", "merge", "Clock", "LastBackward", "NO_CLOCK"]
 
 
 def replica_passes(mbs: tuple[MicroBatch, ...], chains: dict[int, tuple[int, int]]) -> str:
@@ -110,6 +110,30 @@ class Clock:
         if self.at != len(self.row):
             raise RuntimeError(f"pass schedule out of step: this rank ended at slot {self.at} of {self.row!r}")
         self.graphs.clear()
+
+
+class LastBackward:
+    """The clock of a rank whose parameters are gathered once per step (runtime/kernel/parallelize.StepSync): it
+    counts the rank's backward passes (``backwards``, one per micro-batch with pieces, whoever drives them) and,
+    before the last one, calls ``on_last`` (FSDP2's gradient sync on), so that this backward reduce-scatters the
+    step's accumulated gradients layer by layer as it goes. An empty last backward (a CP rank holding nothing of
+    the micro-batch) runs ``run_empty()``'s backward in its place. ``synced`` says whether the sync ran."""
+
+    def __init__(self, backwards: int, on_last: Callable[[], None], run_empty: Callable[[], Any]) -> None:
+        self.left, self.on_last, self.run_empty, self.synced = backwards, on_last, run_empty, False
+
+    def take(self, kind: str, empty: bool = False) -> None:
+        if kind != "B" or self.left <= 0:
+            return
+        self.left -= 1
+        if self.left == 0:
+            self.on_last()
+            self.synced = True
+            if empty:
+                self.run_empty().backward()
+
+    def finish(self) -> None:
+        return None
 
 
 class _NoClock:

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from ...plan import MicroBatch, Plan
 from ...sim.pipeline import schedule
 from ...sim.simulate import kept_chunks, pipeline_items
-from ..dist import all_reduce_sum
 from .chunked import ChainLink, injected
 from .cp import CPContext
 from .data import Packed, Source
@@ -151,8 +150,10 @@ class PipelineStage:
         self.busy, self.ops, t0 = 0.0, [], time.perf_counter()
         for kind, j, _, _ in sched.ops[self.stage]:
             i = keep[j]
-            if not run.parts[i][0]:
-                continue  # this CP rank holds nothing of the micro-batch (check_step: no sharded piece)
+            if not run.parts[i][0]:  # this CP rank holds nothing of the micro-batch (check_step: no sharded piece)
+                if kind == "B":
+                    cp.clock.take("B", empty=True)  # counted: the clock may sync gradients at the last backward
+                continue
             start = self._backward(run, i, j) if kind == "B" else self._forward_op(run, kind, i, j)
             end = time.perf_counter()
             self.busy += end - start
@@ -207,20 +208,24 @@ class PipelineStage:
         chain = run.chains.get(i)
         later = chain is not None and chain[1] < chain[2] - 1  # later chunks sent dK/dV to this chunk's K/V
         sent = run.stores[chain[0]].sent(chain[1]) if chain is not None and later else {}
+        run.work.cp.clock.take("B")
         torch.autograd.backward(*injected(out, grad, entry.attend, sent))
         if entry.x is not None and entry.x.grad is not None:
             run.sends.append(self._send(entry.x.grad, self.rank - self.n, 2 * j + 1))
         return start
 
-    def record(self, world: int, rank: int) -> dict[str, Any]:
-        """Per rank: stage, busy and idle seconds of the step (measured) and busy seconds in the simulated schedule
-        (cost model); per pipeline (plan rank): the measured bubble ratio, 1 − useful / (pp · makespan), beside the
-        simulator's for the same micro-batches."""
+    def columns(self, world: int, rank: int) -> torch.Tensor:
+        """This rank's column of every rank's pipeline figures of the step (host, [5, world], zero elsewhere):
+        summed over the ranks with the step's other figures and read in its one read (runtime/run/loop.py)."""
         vals = torch.zeros((5, world), dtype=torch.float64)
         vals[:, rank] = torch.tensor([self.busy, self.useful, self.span, self.simulated_bubble, self.simulated_busy])
-        vals = vals.to(self.device)  # a collective of the step's backend: on the device (NCCL takes no host tensor)
-        all_reduce_sum([vals])
-        busy, useful, span, sim, sim_busy = vals.cpu().tolist()  # one read of the device
+        return vals
+
+    def record(self, values: list[float], world: int) -> dict[str, Any]:
+        """From :meth:`columns` summed over the ranks: per rank, stage, busy and idle seconds of the step
+        (measured) and busy seconds in the simulated schedule (cost model); per pipeline (plan rank): the measured
+        bubble ratio, 1 − useful / (pp · makespan), beside the simulator's for the same micro-batches."""
+        busy, useful, span, sim, sim_busy = (values[i * world:(i + 1) * world] for i in range(5))
         n, pp = self.layout.n, self.layout.pp
         makespan = [max(span[s * n + r] for s in range(pp)) for r in range(n)]
         measured = [1.0 - sum(useful[s * n + r] for s in range(pp)) / (pp * makespan[r]) if makespan[r] > 0 else 0.0
@@ -247,13 +252,17 @@ class PipelineStage:
         return model_device(self.model)
 
     def _recv(self, shape: Any, src: int, tag: int) -> torch.Tensor:
+        """The tensor ``src`` sends with ``tag``, waited for (the op that reads it is next)."""
         buf = torch.empty(tuple(shape), dtype=self.dtype, device=self.device)
-        dist.recv(buf, src=src, tag=_tag(tag))
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, src, tag=_tag(tag))]):
+            work.wait()
         return buf
 
     def _send(self, t: torch.Tensor, dst: int, tag: int) -> tuple[Any, torch.Tensor]:
+        """``t`` posted to ``dst`` at once and not waited for (the step waits for its sends at its end); the
+        tensor is kept with the handle until then."""
         t = t.contiguous()
-        return dist.isend(t, dst=dst, tag=_tag(tag)), t
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend, t, dst, tag=_tag(tag))])[0], t
 
 
 def _tag(tag: int) -> int:

@@ -12,6 +12,7 @@ from ...plan import Plan
 from ..dist import DistContext, all_reduce_sum
 from .cp import CPContext, CPGroups
 from .data import Source
+from .host import to_device
 from .memory import ActivationMeter
 from .passes import NO_CLOCK
 from .step import run_micro_batches
@@ -47,7 +48,7 @@ class StepRunner:
             else:
                 loss, tokens, targets = run_micro_batches(model, plan, step, mbs, source, cp, self.mode)
         # the step's statistics stay on the device (NCCL takes no host tensor): read once, after the reduction
-        counts = torch.tensor([float(tokens), float(targets)], dtype=torch.float64).to(loss.device)  # one copy
+        counts = to_device(torch.tensor([float(tokens), float(targets)], dtype=torch.float64), loss.device)
         stats = torch.cat([loss.to(torch.float64).reshape(1), counts])
         self._reduce(model, stats)
         return stats, float(meter.peak)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import blockwise
+from .host import to_device
 
 __all__ = ["Seqs", "attention", "attention_offsets", "forward", "backward", "uses_flash"]
 
@@ -63,13 +64,21 @@ class Seqs:
         return cls([b - a for a, b in zip(cu, cu[1:], strict=False)])
 
     def offsets(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cu_q, cu_k) int32 on ``device``: one host-to-device copy per Seqs and device, then reused."""
+        """(cu_q, cu_k) int32 on ``device``: one host-to-device copy per Seqs and device (not blocking the host:
+        runtime/kernel/host.py), then reused."""
         got = self._cu.get(device)
         if got is None:
             host = torch.tensor([[0, 0], *zip(self.q_lens, self.k_lens, strict=True)], dtype=torch.int32)
-            both = host.cumsum(0, dtype=torch.int32).to(device)
-            got = self._cu[device] = (both[:, 0].contiguous(), both[:, 1].contiguous())
+            both = to_device(host.cumsum(0, dtype=torch.int32).t().contiguous(), device)
+            got = self._cu[device] = (both[0], both[1])
         return got
+
+    def placed(self, cu: torch.Tensor | None) -> Seqs:
+        """These sequences with their offsets already on ``cu``'s device (square ones only: cu_q = cu_k), as a
+        micro-batch's one copy brings them (runtime/kernel/data.Packed.to); None: made when first needed."""
+        if cu is not None and self.square:
+            self._cu[cu.device] = (cu, cu)
+        return self
 
 
 def uses_flash(t: torch.Tensor) -> bool:

@@ -14,8 +14,9 @@ import torch
 from ...cost import CostModel
 from ...model import ModelSpec
 from ...progress import Meter
-from ..dist import DistContext
+from ..dist import DistContext, all_reduce_sum
 from ..kernel.data import Source
+from ..kernel.host import to_device
 from . import checkpoint
 from .accounting import chained_samples, step_samples
 from .ahead import PlanAhead
@@ -26,10 +27,27 @@ from .optim import clip_gradients
 from .parts import RunParts
 from .resume import record as resume_record
 from .startup import Phases
-from .step_log import emit, rank_record
+from .step_log import emit, rank_fields, rank_rows
 from .train_args import TrainArgs
 
-__all__ = ["Setup", "Loop"]
+__all__ = ["Setup", "Loop", "share", "read_once"]
+
+
+def share(table: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Every rank's columns of a host ``table`` summed over the ranks, on the device (NCCL takes no host tensor;
+    the copy does not block: runtime/kernel/host.py), to be read in the step's one read; one collective, none in
+    one process."""
+    table = to_device(table, ctx.device)
+    all_reduce_sum([table])
+    return table
+
+
+def read_once(parts: list[torch.Tensor]) -> list[float]:
+    """A step's figures on the device (its loss, tokens and targets; the gradient norm; a held-out loss; every
+    rank's memory and compute seconds) read to the host in one copy: the step's one host read, after which the
+    host waits for the device only at the next step's."""
+    first = parts[0]
+    return torch.cat([t.reshape(-1).to(first.dtype) for t in parts]).cpu().tolist()
 
 
 @dataclass
@@ -90,21 +108,25 @@ class Loop:
             p.opt.step()
             p.sched.step()
             p.opt.zero_grad(set_to_none=True)
-            compute_s = time.thread_time() - c0
-            read = [stats, norm.reshape(1).to(stats)]
+            table = rank_rows(plan, step, p.mem_cost, ctx, peak, p.prank, time.thread_time() - c0)
+            if p.pipe is not None:
+                table = torch.cat([table, p.pipe.columns(ctx.world, ctx.rank)])
+            evaluated = []
             if self._evaluates(step):
                 assert self.s.evaluation is not None
-                read.append(self.s.evaluation.run(p.model, p.runner)[:1])
-            loss_v, tokens_v, targets_v, norm_v, *held = torch.cat(read).tolist()  # the step's one device read
+                evaluated.append(self.s.evaluation.run(p.model, p.runner)[:1])
+            loss_v, tokens_v, targets_v, norm_v, *rest = read_once([stats, norm, share(table, ctx), *evaluated])
             step_s = time.perf_counter() - t0
-            ranks = rank_record(plan, step, p.mem_cost, ctx, peak, p.prank, compute_s)
         except Exception as exc:
             raise step_failure(exc, step, ctx, self.args.parallel.timeout) from None
+        w = ctx.world
         rec = {"step": step, "loss": loss_v, "tokens": int(tokens_v), "targets": int(targets_v), "lr": lr,
                "grad_norm": norm_v, "step_seconds": step_s, "samples": step_samples(plan, step),
-               "planner_wait_seconds": p.sampler.waited + (self.s.header if not self.records else 0.0), **ranks}
+               "planner_wait_seconds": p.sampler.waited + (self.s.header if not self.records else 0.0),
+               **rank_fields(rest[:3 * w], w, ctx.device.type == "cuda")}
+        rec.update({"pipeline": p.pipe.record(rest[3 * w:8 * w], w)} if p.pipe is not None else {})
+        held = rest[table.numel():]
         rec.update({"eval_loss": held[0]} if held else {})
-        rec.update({"pipeline": p.pipe.record(ctx.world, ctx.rank)} if p.pipe is not None else {})
         return rec
 
     def _evaluates(self, step: int) -> bool:

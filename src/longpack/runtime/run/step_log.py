@@ -1,5 +1,5 @@
 """Rank 0's step lines (:func:`emit`: text or JSON on stdout) and what every rank measured in a step
-(:func:`rank_record`): its memory beside the cost model's prediction, and its compute seconds."""
+(:func:`rank_rows`, :func:`rank_fields`): its memory beside the cost model's prediction, and its compute seconds."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import torch
 
 from ...cost import CostModel
 from ...plan import Plan
-from ..dist import DistContext, all_reduce_sum
+from ..dist import DistContext
 from ..kernel.memory import predicted_bytes
 from ..kernel.stages import pipeline_phrase
 from .train_args import TrainArgs
 
-__all__ = ["emit", "show", "rank_record", "rank_prediction"]
+__all__ = ["emit", "show", "rank_rows", "rank_fields", "rank_prediction"]
 
 
 def emit(ctx: DistContext, args: TrainArgs, record: dict[str, Any]) -> None:
@@ -71,21 +71,26 @@ def rank_prediction(plan: Plan, step: int, rank: int, cost: CostModel, activatio
     return best
 
 
-def rank_record(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float, prank: int,
-                compute_s: float) -> dict[str, Any]:
-    """Every rank's step, in one collective: ``memory`` (measured peak beside the prediction) and
-    ``compute_seconds``, the CPU seconds the rank's own thread spent in the step (time.thread_time: forward,
-    backward, clipping and AdamW; waiting in a collective costs none, so the slowest rank is the step's critical
-    path and the others' shortfall their idle, however busy the machine; on a GPU, the host's time launching)."""
+def rank_rows(plan: Plan, step: int, cost: CostModel, ctx: DistContext, measured_cpu: float, prank: int,
+              compute_s: float) -> torch.Tensor:
+    """This rank's column of every rank's step figures (host, [3, world], zero in the other ranks' columns), to be
+    summed over the ranks and read with the step's own figures (runtime/run/loop.share, read_once): its memory
+    (measured peak beside the cost model's prediction) and its compute seconds, the CPU seconds its own thread
+    spent in the step (time.thread_time: forward, backward, clipping and AdamW; waiting in a collective costs
+    none, so the slowest rank is the step's critical path and the others' shortfall their idle, however busy the
+    machine; on a GPU, the host's time launching)."""
     on_gpu = ctx.device.type == "cuda"
     rows = torch.zeros((3, ctx.world), dtype=torch.float64)
     rows[0, ctx.rank] = float(torch.cuda.max_memory_allocated(ctx.device)) if on_gpu else measured_cpu
     rows[1, ctx.rank] = rank_prediction(plan, step, prank, cost, activations_only=not on_gpu)
     rows[2, ctx.rank] = compute_s
-    rows = rows.to(ctx.device)  # one collective on the device, read once
-    all_reduce_sum([rows])
-    measured, predicted, compute = rows.cpu()
+    return rows
+
+
+def rank_fields(values: list[float], world: int, on_gpu: bool) -> dict[str, Any]:
+    """The step record's ``memory`` and ``compute_seconds`` from :func:`rank_rows`' values, read back."""
+    measured, predicted, compute = values[:world], values[world:2 * world], values[2 * world:3 * world]
     return {"memory": {"what": "cuda max_memory_allocated" if on_gpu else "activations held for backward",
-                       "measured_bytes": [int(x) for x in measured.tolist()],
-                       "predicted_bytes": [int(x) for x in predicted.tolist()]},
-            "compute_seconds": [round(x, 6) for x in compute.tolist()]}
+                       "measured_bytes": [int(x) for x in measured],
+                       "predicted_bytes": [int(x) for x in predicted]},
+            "compute_seconds": [round(x, 6) for x in compute]}
