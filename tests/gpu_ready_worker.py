@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import fakegpu
 
@@ -59,17 +61,46 @@ def cp2_sharded() -> None:
     _run(plan, cp=2)
 
 
-def cp4_sharded() -> None:
-    """A step at CP degree 4: the fake process group made again with 4 ranks for it (rank 0 runs)."""
+@contextmanager
+def _world(n: int) -> Iterator[None]:
+    """The fake process group made again with ``n`` ranks (rank 0 runs), then with WORLD again."""
     dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    dist.init_process_group("fake", rank=0, world_size=n, store=FakeStore())
     try:
-        plan = make_plan("fixed_cp", 1, cp=4)
-        assert any(p.cp_rank is None for *_, p in plan.iter_pieces()), "no sharded piece in the plan"
-        _run(plan, cp=4, world=4)
+        yield
     finally:
         dist.destroy_process_group()
         dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
+
+
+def cp4_sharded() -> None:
+    """A step at CP degree 4, on 4 fake ranks."""
+    with _world(4):
+        plan = make_plan("fixed_cp", 1, cp=4)
+        assert any(p.cp_rank is None for *_, p in plan.iter_pieces()), "no sharded piece in the plan"
+        _run(plan, cp=4, world=4)
+
+
+def cp_groups_before_step_0() -> None:
+    """A run at --cp 4 on 4 ranks makes its CP groups with its step runner, before any step: steps at CP 2 and 4
+    then make none (a group made after it fails the scenario)."""
+    from longpack.runtime.dist import DistContext
+    from longpack.runtime.kernel.step_fn import StepRunner
+
+    with _world(4):
+        runner = StepRunner(DistContext(rank=0, world=4, device=CUDA), cp=4)
+        made, new_group = [], dist.new_group
+        dist.new_group = lambda *a, **k: made.append(a) or new_group(*a, **k)
+        try:
+            for cp in (2, 4):
+                plan = make_plan("fixed_cp", 4 // cp, cp=cp)
+                stats, _ = runner.run(_model(), plan, 0, plan.steps[0].replicas[0].micro_batches,
+                                      SyntheticCorpus(SPEC.vocab, seed=0))
+                assert stats.device == CUDA
+        finally:
+            dist.new_group = new_group
+        if made:
+            raise AssertionError(f"{len(made)} process groups made after the step runner: {made}")
 
 
 def chain_cp1() -> None:
@@ -207,9 +238,9 @@ def step_sync_last_backward() -> None:
     runner.run(model, plan, 0, plan.steps[0].replicas[0].micro_batches, SyntheticCorpus(SPEC.vocab, seed=0))
 
 
-SCENARIOS = {f.__name__: f for f in (documents, cp2_sharded, cp4_sharded, chain_cp1, chain_cp2, pp2_first_stage,
-                                     pp2_last_stage, step_no_fsdp, step_fsdp_path, step_sync_last_backward, trainer,
-                                     cpu_weights_bug)}
+SCENARIOS = {f.__name__: f for f in (documents, cp2_sharded, cp4_sharded, cp_groups_before_step_0, chain_cp1,
+                                     chain_cp2, pp2_first_stage, pp2_last_stage, step_no_fsdp, step_fsdp_path,
+                                     step_sync_last_backward, trainer, cpu_weights_bug)}
 for _layers in (2, 8):
     for _docs in (4, 64):
         SCENARIOS[f"syncs_{_layers}_layers_{_docs}_docs"] = (lambda a, b: lambda: _syncs(a, b))(_layers, _docs)

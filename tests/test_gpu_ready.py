@@ -29,7 +29,8 @@ def start() -> subprocess.Popen:
     """The worker process, started by conftest.py once collection ends (it runs beside the other tests: one
     process, mostly one core)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, str(HERE / "gpu_ready_worker.py"), *PATHS, "cpu_weights_bug", *SYNCS],
+    names = [*PATHS, "cpu_weights_bug", "cp_groups_before_step_0", *SYNCS]
+    return subprocess.Popen([sys.executable, str(HERE / "gpu_ready_worker.py"), *names],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -110,6 +111,14 @@ def test_gpu_ready_context_parallel_kv_gradients_are_reduce_scattered(seen, cp):
     assert counts.get("collective_bytes_float64", 0) == 0, counts
     print(f"cp {cp}: K/V gradients reduce-scattered, {payload} bytes handed in; "
           f"{payload * (cp - 1) // cp} bytes per rank on a ring (an all-reduce: {2 * payload * (cp - 1) // cp})")
+
+
+def test_gpu_ready_context_parallel_groups_are_made_before_step_0(seen):
+    """A run at --cp 4 on 4 ranks: its step runner makes the CP groups of degrees 2 and 4 before the first step, so
+    NCCL's communicators are not set up inside a step; steps at CP 2 and then 4 make no group."""
+    got = seen["cp_groups_before_step_0"]
+    assert got["error"] is None and got["violations"] == [], got
+    assert got["counts"].get("attention_calls", 0) > 0
 
 
 def test_gpu_ready_gradients_travel_in_their_own_dtype_not_fp64(seen):

@@ -34,13 +34,18 @@ __all__ = ["ATTN", "register", "engine_attention", "longpack_attention", "forwar
            "num_layers", "decoder_layers"]
 
 ATTN = "longpack"
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _CHECKPOINT = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
 
 
+@torch.compiler.disable
 def longpack_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                        **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The AttentionInterface entry: [1, H, T, D] q/k/v -> ([1, T, H, D], no weights) via ``longpack_attend``."""
+    """The AttentionInterface entry: [1, H, T, D] q/k/v -> ([1, T, H, D], no weights) via ``longpack_attend``.
+    Never traced by ``torch.compile``: a compiled decoder layer (runtime/kernel/kernels.py) breaks its graph here
+    and calls the plan's callback as it is — its collectives, a chain's K/V store and the attention backend's own
+    kernels stay outside the compiled code."""
     attend = kwargs.get("longpack_attend")
     if attend is None:
         raise ValueError("attn_implementation='longpack' runs only inside longpack's engine (it needs the plan's "
@@ -81,9 +86,6 @@ def engine_attention(model: Any) -> Iterator[None]:
         yield
     finally:
         config._attn_implementation = before
-
-
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def forward_logits(model: Any, input_ids_t: torch.Tensor, position_ids_t: torch.Tensor, attend: Attend,

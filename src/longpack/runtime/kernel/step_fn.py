@@ -26,12 +26,15 @@ class StepRunner:
     (the CP groups every rank makes in the same order, the first time a step needs them), so no driver sets up
     context parallelism. ``mode``: the loss normalisation (runtime/kernel/loss.py); ``sync``: FSDP2's step
     synchronisation (runtime/kernel/parallelize.py), None without FSDP2; ``pipe``: this rank's pipeline stage;
-    ``timeout``: seconds a collective of the CP groups waits for its peers."""
+    ``timeout``: seconds a collective of the CP groups waits for its peers; ``cp``: the run's CP degree — the
+    groups of every degree dividing it are made here, before the first step (a step on groups of several sizes
+    makes its unaligned spans when it first runs)."""
 
     def __init__(self, ctx: DistContext, mode: str = "token_mean", sync: Any = None, pipe: Any = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, cp: int = 1) -> None:
         self.ctx, self.mode, self.sync, self.pipe = ctx, mode, sync, pipe
-        self.groups = CPGroups.build(set(), ctx.world, timeout=timeout) if ctx.distributed else None
+        degrees = {d for d in range(2, cp + 1) if cp % d == 0 and ctx.world % d == 0}
+        self.groups = CPGroups.build(degrees, ctx.world, timeout=timeout) if ctx.distributed else None
 
     def run(self, model: torch.nn.Module, plan: Plan, step: int, mbs: Any, source: Source
             ) -> tuple[torch.Tensor, float]:

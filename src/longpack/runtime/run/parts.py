@@ -15,6 +15,7 @@ from ...model import ModelSpec
 from ...plan import Plan
 from ..dist import DistContext
 from ..kernel.data import PlanSampler
+from ..kernel.kernels import apply_kernels, resolve
 from ..kernel.step_fn import StepRunner
 from .ahead import PlanAhead
 from .optim import adamw, build_scheduler, warmup_of
@@ -51,6 +52,7 @@ def build_parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanA
                 clock: Phases) -> RunParts:
     pipe = _pipeline(args, spec, ctx, cost)
     model = _model(args, spec, ctx, ahead.plan, clock, pipe.stage if pipe else 0)
+    apply_kernels(model, resolve(args.model.kernels, ctx.device))
     if pipe is not None:
         pipe.model = model
     o = args.optim
@@ -63,7 +65,7 @@ def build_parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanA
         from ..kernel.parallelize import sync_for
 
         sync = sync_for(model, ctx.device, cost.cfg.zero_stage)
-    runner = StepRunner(ctx, o.loss, sync, pipe, args.parallel.timeout)
+    runner = StepRunner(ctx, o.loss, sync, pipe, args.parallel.timeout, cp=args.run.cp)
     mem = CostModel(cost.model, cost.hw, replace(cost.cfg, act_bytes=DTYPES[args.model.dtype].itemsize))
     sampler = PlanSampler(ahead.plan, prank, steps=len(ahead), ready=ahead.wait)
     return RunParts(model, opt, sched, sampler, pipe, runner, prank, mem)

@@ -36,8 +36,8 @@ def show(args: TrainArgs, record: dict[str, Any]) -> None:
     elif "run" in record:
         r = record["run"]
         print(f"run: {r['processes']} process{'es' if r['processes'] > 1 else ''}, {r['threads']} thread"
-              f"{'s' if r['threads'] > 1 else ''} each, {r['device']}, {r['dtype']}, head loss: {r['head_loss']}",
-              flush=True)
+              f"{'s' if r['threads'] > 1 else ''} each, {r['device']}, {r['dtype']}, head loss: {r['head_loss']}, "
+              f"layers: {r['kernels']}", flush=True)
     elif "data" in record:
         print("data: " + record["data"]["line"], flush=True)
     elif "resume" in record:

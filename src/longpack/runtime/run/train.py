@@ -23,6 +23,7 @@ from ...planners.stream import PlanStream
 from ...runspec import load_workload, say
 from ..dist import DistContext, init_distributed
 from ..kernel.data import EpochSource, Source
+from ..kernel.kernels import KERNEL_NAMES, resolve
 from ..kernel.step import check_step
 from .accounting import data_report
 from .ahead import PlanAhead
@@ -144,7 +145,8 @@ def first_records(args: TrainArgs, world: int, device: str, stream: Any, source:
     said = announce(resumed, args, world, stream)
     return [*([said] if said is not None else []),
             {"run": {"processes": world, "threads": threads_per_process(args, local), "device": device,
-                     "dtype": args.model.dtype, "head_loss": "longpack fused linear cross-entropy"}},
+                     "dtype": args.model.dtype, "head_loss": "longpack fused linear cross-entropy",
+                     "kernels": KERNEL_NAMES[resolve(args.model.kernels, torch.device(device))]}},
             {"data": data_report(stream.plan, source)}]
 
 

@@ -36,10 +36,14 @@ class ModelArgs:
     path: str | None = opt(None, "Local Hugging Face checkpoint to fine-tune (config.json + safetensors).",
                            "--model-path")
     dtype: str = opt("float32", "float32, float64 or bfloat16.")
+    kernels: str = opt("auto", "A decoder layer's kernels: compile (torch.compile per layer), eager, or auto "
+                               "(compile on CUDA, eager elsewhere).")
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"--dtype {self.dtype!r}: choose float32, float64 or bfloat16")
+        if self.kernels not in ("auto", "compile", "eager"):
+            raise ValueError(f"--kernels {self.kernels!r}: choose auto, compile or eager")
 
 
 @dataclass(frozen=True, kw_only=True)
