@@ -184,7 +184,8 @@ def longpack_arm(planner: str, ckpt: Path, rows_path: Path, cap: int, steps: int
     run = jobs.RunSpec(model="model", hardware="h100" if gpu else "cpu", global_batch=batch, steps=steps,
                        token_cap=cap, max_len=max_len, seed=0)
     args = TrainArgs.of(planner=planner, run=run, data=str(rows_path), model_path=str(ckpt), lr=1e-4,
-                     dtype="bfloat16" if gpu else "float32", plan_ahead=4, timeout=300.0)
+                     dtype="bfloat16" if gpu else "float32", plan_ahead=4, timeout=300.0,
+                     kernels="compile")  # as --kernels auto on CUDA; on the dry run, the same compiled path
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     if profile is None:
