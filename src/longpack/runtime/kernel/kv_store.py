@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .uneven import reduce_rows
+from .uneven import start_reduce_rows
 
 __all__ = ["KVStore", "ShardedKVStore"]
 
@@ -59,6 +59,7 @@ class ShardedKVStore(KVStore):
         super().__init__(layers)
         self.group, self.cp, self.rank = group, cp, rank
         self.sizes: dict[int, list[int]] = {}  # chunk -> rows per CP rank
+        self.pending: list[tuple[tuple[Any, torch.Tensor], torch.Tensor, int, int]] = []  # reductions in flight
 
     def _totals(self, chunk: int) -> list[int]:
         return [sum(self.sizes[c][r] for c in range(chunk)) for r in range(self.cp)]
@@ -79,12 +80,28 @@ class ShardedKVStore(KVStore):
 
     def reduce(self, layer: int, chunk: int, dk: torch.Tensor, dv: torch.Tensor) -> None:
         """Sum the gathered prefix's gradient over the group, each rank receiving its own rows (a reduce-scatter,
-        runtime/kernel/uneven.py), and add them into this rank's accumulators."""
-        grad = reduce_rows(torch.cat([dk, dv], -1), self.group, self._totals(chunk), self.rank)
-        offset = 0
-        d = grad.shape[-1] // 2
-        for _, _, acc_k, acc_v in self.blocks[layer][:chunk]:
-            n = acc_k.shape[0]
-            acc_k.add_(grad[offset:offset + n, :, :d])
-            acc_v.add_(grad[offset:offset + n, :, d:])
-            offset += n
+        runtime/kernel/uneven.py), into this rank's accumulators. Issued without waiting: the next layer's backward
+        does not read the accumulators, so the exchange runs beside it and the sum lands when they are next read
+        (:meth:`grads`, :meth:`drop`)."""
+        grad = torch.cat([dk, dv], -1)
+        self.pending.append((start_reduce_rows(grad, self.group, self._totals(chunk), self.rank), grad, layer, chunk))
+
+    def _settle(self) -> None:
+        """Wait for the reductions issued and add them into the accumulators, in the order they were issued."""
+        for (work, rows), _, layer, chunk in self.pending:
+            work.wait()
+            offset, d = 0, rows.shape[-1] // 2
+            for _, _, acc_k, acc_v in self.blocks[layer][:chunk]:
+                n = acc_k.shape[0]
+                acc_k.add_(rows[offset:offset + n, :, :d])
+                acc_v.add_(rows[offset:offset + n, :, d:])
+                offset += n
+        self.pending.clear()
+
+    def grads(self, layer: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self._settle()
+        return super().grads(layer, chunk)
+
+    def drop(self, chunk: int) -> None:
+        self._settle()
+        super().drop(chunk)
