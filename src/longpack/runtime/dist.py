@@ -47,8 +47,11 @@ def init_distributed(device: str | None = None, timeout: float | None = None) ->
     if use_cuda:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
+        # on NCCL, bound to the device: the communicator is made now, and every group made later (the CP groups,
+        # before step 0) is split from it at once rather than at its first collective inside a step
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout) if timeout else None)
+                                timeout=timedelta(seconds=timeout) if timeout else None,
+                                device_id=dev if use_cuda else None)
     return DistContext(rank=rank, world=world, device=dev)
 
 
