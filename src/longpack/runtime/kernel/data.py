@@ -125,7 +125,7 @@ class Packed:
         self.input_ids, self.labels, self.position_ids = buf[:n], buf[n:2 * n], buf[2 * n:3 * n]
         if self.weights is not None:
             self.weights = buf[3 * n:4 * n].view(torch.float64)
-        self.cu_device = buf[len(parts[:-1]) * n:].to(torch.int32)
+        self.cu_device = buf[(len(parts) - 1) * n:].to(torch.int32)
         return self
 
     @property

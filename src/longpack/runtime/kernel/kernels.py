@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from .engine import decoder_layers
+from .names import KERNELS
 
 __all__ = ["KERNELS", "KERNEL_NAMES", "resolve", "apply_kernels"]
 
-KERNELS = ("auto", "compile", "eager")
 KERNEL_NAMES = {"compile": "torch.compile (norms, MLP)", "eager": "eager"}  # as the run's first line says
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ...runspec import RunSpec
-from ..kernel.names import LOSS_MODES
+from ..kernel.names import KERNELS, LOSS_MODES
 
 __all__ = ["DTYPE_NAMES", "LOSS_MODES", "SHARDS", "ModelArgs", "DataArgs", "OptimArgs", "ParallelArgs", "OutputArgs",
            "TrainArgs", "GROUPS", "check_layout", "opt"]
@@ -36,14 +36,14 @@ class ModelArgs:
     path: str | None = opt(None, "Local Hugging Face checkpoint to fine-tune (config.json + safetensors).",
                            "--model-path")
     dtype: str = opt("float32", "float32, float64 or bfloat16.")
-    kernels: str = opt("auto", "A decoder layer's kernels: compile (torch.compile per layer), eager, or auto "
-                               "(compile on CUDA, eager elsewhere).")
+    kernels: str = opt("auto", "A decoder layer's kernels: compile (torch.compile of its norms and MLP), eager, or "
+                               "auto (compile on CUDA, eager elsewhere).")
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"--dtype {self.dtype!r}: choose float32, float64 or bfloat16")
-        if self.kernels not in ("auto", "compile", "eager"):
-            raise ValueError(f"--kernels {self.kernels!r}: choose auto, compile or eager")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"--kernels {self.kernels!r}: choose one of {', '.join(KERNELS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
