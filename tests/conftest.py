@@ -15,8 +15,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the fake-GPU worker of test_gpu_ready.py now, when its tests are selected: it runs beside the suite
     (about half a minute on one core) and its tests read what it saw. Under pytest-xdist the other worker keeps
     the second core busy, and the tests start it themselves."""
-    if hasattr(session.config, "workerinput"):
-        return
+    if hasattr(session.config, "workerinput") or session.config.option.collectonly:
+        return  # under xdist the worker running the tests starts it; --collect-only runs nothing
     item = next((i for i in session.items if i.nodeid.startswith("tests/test_gpu_ready.py")), None)
     if item is not None:
         session.config.stash[item.module.WORKER] = item.module.start()

@@ -1,10 +1,10 @@
 """Bad input ends in one line and exit 2, before any work: every numeric option is range-checked, unknown planner
 options and over-large batches are refused, a model that cannot fit is refused before allocating."""
 
-import subprocess
 import sys
 import typing
 
+import forked
 import pool
 import pytest
 import typer
@@ -77,7 +77,7 @@ def test_numeric_options_at_zero_where_zero_is_allowed_run(monkeypatch, capsys, 
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "longpack.cli", *args], capture_output=True, text=True, timeout=300)
+    return forked.run(list(args), timeout=300)  # tests/forked.py: a real process, without the start-up
 
 
 @pytest.mark.parametrize("args,says", [

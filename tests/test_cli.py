@@ -4,11 +4,12 @@ import json
 import subprocess
 import sys
 
+import forked
 import pytest
 
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", *args], capture_output=True, text=True, timeout=120)
+    proc = forked.run(list(args), timeout=120)  # tests/forked.py: a real process, without the start-up
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
     return proc

@@ -3,8 +3,8 @@ counted on fake tensors beside the cost model's prediction (runtime/run/dry_run.
 
 import json
 import subprocess
-import sys
 
+import forked
 import pytest
 
 pytest.importorskip("torch")
@@ -13,8 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
     """One process, as the user types it: --nproc is the world the dry run plays, not processes spawned."""
-    return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *argv], capture_output=True, text=True,
-                          timeout=300)
+    return forked.run(["train", *argv], timeout=300)  # tests/forked.py: a real process, without the start-up
 
 
 def _small_qwen(folder) -> None:  # noqa: ANN001

@@ -6,8 +6,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
+import forked
 import pool  # tests/pool.py: warm worker processes
 import pytest
 
@@ -21,8 +21,7 @@ def _train(*args, timeout=300):
     """One process on the warm pool (tests/pool.py); with --nproc, the launcher and its ranks as real processes."""
     if "--nproc" not in args:
         return pool.cli(["train", *COMMON, *args], timeout=timeout)
-    return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return forked.run(["train", *COMMON, *args], timeout=timeout)  # tests/forked.py: a real process
 
 
 def _steps(proc):
@@ -105,8 +104,7 @@ def _children(pid):
 
 
 def _start(*args):
-    cmd = [sys.executable, "-m", "longpack.cli", "train", *COMMON, "--nproc", "2", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return forked.popen(["train", *COMMON, "--nproc", "2", *args])  # tests/forked.py: a real process
 
 
 def _wait_for_step(proc, step):

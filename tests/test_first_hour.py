@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import forked
 import pytest
 from rich.console import Console
 
@@ -22,8 +23,7 @@ DEMO_PLANNERS = "unified,skrull,chunkflow,hbp,fixed_cp,sorted,isf,random_padded,
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "longpack.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, **(env or {})), cwd=cwd)
+    return forked.run(list(args), timeout=300, env=dict(os.environ, **(env or {})), cwd=cwd)  # tests/forked.py
 
 
 @pytest.fixture(scope="module")
@@ -263,9 +263,8 @@ def test_a_two_process_run_on_a_checkpoint_speaks_with_one_voice(tmp_path):
     cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "model")
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--model-path", str(tmp_path / "model"),
-                           "--workload", "tiny-longtail", "--steps", "2", "--nproc", "2", "--output-dir",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    proc = forked.run(["train", "--model-path", str(tmp_path / "model"), "--workload", "tiny-longtail", "--steps",
+                       "2", "--nproc", "2", "--output-dir", str(tmp_path / "out")], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     first, second = proc.stdout.splitlines()[:2]
     assert first.startswith("run: 2 processes, 1 thread each") and second.startswith("data: ")

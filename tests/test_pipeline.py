@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import forked  # noqa: E402  (tests/forked.py: commands as forked processes)
 import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import pipeline_worker, step_reference  # noqa: E402
 
@@ -45,14 +46,11 @@ def test_chunk_context_parallel_pipeline_parity_pp2_cp2(tmp_path):
 
 def _train(*flags: str, expect: int = 0):
     import json
-    import subprocess
-    import sys
 
     if expect == 0:
         proc = pool.cli(["train", "--json", *flags], timeout=400)
     else:  # the launcher's own check, before it spawns anything
-        proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--json", *flags], capture_output=True,
-                              text=True, timeout=400)
+        proc = forked.run(["train", "--json", *flags], timeout=400)  # tests/forked.py: a real process
     assert proc.returncode == expect, proc.stderr
     return [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')], proc.stderr
 

@@ -1,9 +1,9 @@
 """`longpack report` writes one self-contained HTML page; the test opens it and checks its parts."""
 
 import re
-import subprocess
-import sys
 from html.parser import HTMLParser
+
+import forked
 
 
 class _Collect(HTMLParser):
@@ -24,9 +24,8 @@ class _Collect(HTMLParser):
 
 def test_report_page_for_the_issue_setup(tmp_path):
     out = tmp_path / "report.html"
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "report", "--workload", "lmsys-chat-1m", "--model",
-                           "qwen2.5-7b", "--dp", "4", "--cp", "8", "--steps", "2", "--samples", "20000", "--out",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    proc = forked.run(["report", "--workload", "lmsys-chat-1m", "--model", "qwen2.5-7b", "--dp", "4", "--cp", "8",
+                       "--steps", "2", "--samples", "20000", "--out", str(out)], timeout=300)  # tests/forked.py
     assert proc.returncode == 0, proc.stderr
     page = _Collect()
     page.feed(out.read_text())

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import forked
 import pool  # tests/pool.py: warm worker processes
 import pytest
 from faults import faulty_env  # tests/faults.py
@@ -128,8 +129,8 @@ def test_a_resumed_run_may_find_its_own_metrics_in_the_output_dir(tmp_path):
 
 
 def test_progress_line_with_steps_tokens_per_second_and_time_left():
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, "--steps", "2"], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "LONGPACK_PROGRESS": "always"})
+    proc = forked.run(["train", *COMMON, "--steps", "2"], timeout=300,
+                      env={**os.environ, "LONGPACK_PROGRESS": "always"})
     lines = [x for x in proc.stderr.splitlines() if x.startswith("longpack: train:")]
     assert proc.returncode == 0 and [x.split(",")[0] for x in lines] == ["longpack: train: 1/2 steps",
                                                                           "longpack: train: 2/2 steps"], proc.stderr

@@ -1,14 +1,13 @@
 """Runtime parity: every packed / DP path equals the unpacked single-process reference in float64."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import forked  # noqa: E402  (tests/forked.py: commands as forked processes)
 import pool  # noqa: E402  (tests/pool.py: warm worker processes)
 from dist_workers import make_plan, packed_grads, parity_worker, reference_grads  # noqa: E402
 
@@ -96,8 +95,7 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     full = _train_cli(*common, "--checkpoint-dir", str(tmp_path / "full"), "--output-dir", str(tmp_path / "a"))
     assert full.returncode == 0, full.stderr
     # a run killed after its second step: start it, wait for step 1's log line, kill it
-    killed = subprocess.Popen([sys.executable, "-m", "longpack.cli", "train", *common, "--checkpoint-dir",
-                               str(tmp_path / "cut")], stdout=subprocess.PIPE, text=True)
+    killed = forked.popen(["train", *common, "--checkpoint-dir", str(tmp_path / "cut")], stderr=False)
     for line in killed.stdout:
         if line.startswith('{"step": 1'):
             killed.kill()

@@ -4,9 +4,8 @@ tokenized; rows with no target counted and left out."""
 
 import json
 import os
-import subprocess
-import sys
 
+import forked
 import numpy as np
 import pool  # tests/pool.py: warm worker processes
 import pytest
@@ -261,9 +260,8 @@ def test_two_processes_read_the_store_once_the_launcher_builds_and_the_ranks_map
     path = _chats(tmp_path / "chats.jsonl", 40, extra=[json.dumps({"messages": [{"role": "user", "content": "?"}]})])
     model = _tiny_model(tmp_path / "tiny")
     env = {**os.environ, "LONGPACK_DATA_TRACE": str(tmp_path / "trace.jsonl")}
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--data", str(path), "--tokenizer",
-                           str(bpe), "--model-path", str(model), "--nproc", "2", "--steps", "1", "--global-batch",
-                           "8", "--token-cap", "256"], capture_output=True, text=True, timeout=300, env=env)
+    proc = forked.run(["train", "--data", str(path), "--tokenizer", str(bpe), "--model-path", str(model), "--nproc",
+                       "2", "--steps", "1", "--global-batch", "8", "--token-cap", "256"], timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     trace = [json.loads(x) for x in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert [t["event"] for t in trace] == ["build"]  # once: no rank opened or read the data again

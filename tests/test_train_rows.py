@@ -3,9 +3,8 @@ JSONL of prompt-masked rows train on 2 processes (FSDP2, unified plan, a chunk c
 weights of plain unpacked training with transformers, in float64; the output loads with from_pretrained."""
 
 import json
-import subprocess
-import sys
 
+import forked
 import numpy as np
 import pool  # tests/pool.py: warm worker processes
 import pytest
@@ -45,8 +44,7 @@ def _train(*args, pooled=True):
     """``longpack train ARGS`` on the warm pool, or (``pooled=False``) as its own command with its launcher."""
     if pooled:
         return pool.cli(["train", *args], timeout=600)
-    return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *args], capture_output=True, text=True,
-                          timeout=600)
+    return forked.run(["train", *args], timeout=600)  # tests/forked.py: a real process, without the start-up
 
 
 def _torch_cosine(opt, warmup):

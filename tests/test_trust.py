@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import forked
 import pool  # tests/pool.py: warm worker processes
 import pytest
 from faults import faulty_env  # noqa: E402  (tests/faults.py)
@@ -214,8 +215,7 @@ def test_crafted_plans_are_refused_before_anything_is_allocated(plan, says):
 def test_simulate_refuses_a_crafted_plan_in_one_line(tmp_path):
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps(_crafted(world=10**9, cp=10**9)))
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "simulate", str(bad)], capture_output=True,
-                          text=True, timeout=120)
+    proc = forked.run(["simulate", str(bad)], timeout=120)  # tests/forked.py
     _one_line(proc, "is outside [1, 131072]")
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import forked
 import pool  # tests/pool.py: warm worker processes
 import pytest
 
@@ -19,9 +20,8 @@ COMMON = ["--workload", "tiny-longtail", "--model", "tiny", "--planner", "isf", 
           "float64"]
 
 
-def _run(*args, timeout=300, env=None):
-    return subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+def _run(*args, timeout=300):
+    return forked.run(["train", *COMMON, *args], timeout=timeout)  # tests/forked.py: a real process
 
 
 def _one_line(proc, *says):
@@ -81,9 +81,8 @@ def _children(pid):
 
 
 def test_a_frozen_rank_is_named_within_the_timeout_and_five_seconds():
-    cmd = [sys.executable, "-m", "longpack.cli", "train", *COMMON, "--nproc", "2", "--steps", "40", "--global-batch",
-           "2", "--timeout", "10", "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = forked.popen(["train", *COMMON, "--nproc", "2", "--steps", "40", "--global-batch", "2", "--timeout", "10",
+                         "--json"])  # tests/forked.py: a real process, its ranks forked from it
     for line in proc.stdout:
         if line.startswith('{"step": 1,'):
             break
@@ -115,9 +114,8 @@ def test_held_out_rows_longer_than_the_models_positions_are_refused(tmp_path):
     rows.write_text("".join(json.dumps({"input_ids": [1] * 20}) + "\n" for _ in range(4)))
     held = tmp_path / "held.jsonl"
     held.write_text(json.dumps({"input_ids": [2] * 30}) + "\n" + json.dumps({"input_ids": [3] * 80}) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", "--data", str(rows), "--model-path",
-                           str(tmp_path / "m"), "--eval-data", str(held), "--steps", "1", "--global-batch", "2"],
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.run(["train", "--data", str(rows), "--model-path", str(tmp_path / "m"), "--eval-data", str(held),
+                       "--steps", "1", "--global-batch", "2"], timeout=300)
     _one_line(proc, f"--eval-data: {held}:2 has 80 tokens, longer than the 64 positions")
 
 
