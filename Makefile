@@ -26,10 +26,11 @@ demo: $(STAMP)
 	@echo "  source .venv/bin/activate"
 	@echo "  longpack train --data rows.jsonl --model-path ./my-model --output-dir ./my-model-sft --nproc 2 --steps 4"
 
-# Two pytest-xdist workers, each test file on one (its module fixtures built once): about 7 minutes on 2 cores.
+# Two pytest-xdist workers, each test file on one (its module fixtures built once), the longest files first
+# (tests/conftest.py): about 8.5 minutes on 2 cores.
 # One file or one test: .venv/bin/python -m pytest tests/test_plan.py (no workers needed).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # Regenerates docs/BENCHMARKS.md. QUICK=1 shrinks every benchmark (about 25 min on 2 cores); the full run takes hours.
 # The report render needs Debian's chromium (apt-get install chromium); it is skipped when absent.

@@ -11,7 +11,8 @@ warning raised at import time is not hidden from the tests that look for one.
 
 ``run(args, timeout=..., env=None, cwd=None)`` returns what ``subprocess.run([python, "-m", "longpack.cli",
 *args], capture_output=True, text=True, timeout=...)`` would; ``popen(args, ...)`` gives a ``Forked`` with
-``pid``, text ``stdout``/``stderr``, ``wait``, ``communicate``, ``kill`` and ``returncode``.
+``pid``, text ``stdout``/``stderr``, ``wait``, ``communicate``, ``kill`` and ``returncode``. ``pool_worker(fd)``
+forks a worker of tests/pool.py (``pool._serve`` on the connection ``fd``) the same way.
 
 How: the zygote accepts one Unix-socket connection per command, with the command's stdio descriptors passed over
 it (``socket.send_fds``). It forks a waiter, which forks the command, reports its pid, waits for it and reports its
@@ -53,7 +54,7 @@ def _preload() -> None:
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 4)
     while len(data) < 8 or len(data) < 8 + struct.unpack("!Q", data[:8])[0]:
         more = conn.recv(1 << 16)
         if not more:
@@ -66,9 +67,9 @@ def _command(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked command: its stdio, directory, environment and argv, then ``python -m longpack.cli``."""
     import runpy
 
-    for target, fd in enumerate(fds):
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
-    for fd in fds:
+    for fd in fds[:3]:
         if fd > 2:
             os.close(fd)
     code: Any = 0
@@ -76,9 +77,16 @@ def _command(request: dict[str, Any], fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = ["-m", *request["argv"]]
-        sys.path[0] = request["cwd"]  # as `python -m` puts its directory first
-        runpy.run_module("longpack.cli", run_name="__main__", alter_sys=True)
+        if request.get("pool"):  # a worker of tests/pool.py, serving jobs on the connection passed fourth
+            from multiprocessing.connection import Connection
+
+            import pool
+
+            pool._serve(Connection(fds[3]), request["cwd"])
+        else:
+            sys.argv = ["-m", *request["argv"]]
+            sys.path[0] = request["cwd"]  # as `python -m` puts its directory first
+            runpy.run_module("longpack.cli", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001  (what an interpreter would print and exit 1 with)
@@ -190,22 +198,23 @@ class Forked:
     """A command forked from the zygote; the parts of ``subprocess.Popen`` the tests use."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
-                 stderr: bool = True) -> None:
+                 stderr: bool = True, pool_fd: int | None = None) -> None:
         self.args = argv
         self.returncode: int | None = None
-        out_r, out_w = os.pipe()
+        out_r, out_w = os.pipe() if pool_fd is None else (-1, os.dup(1))  # a pool worker: this process's stdout
         err_r, err_w = os.pipe() if stderr else (-1, os.dup(2))  # not captured: this process's stderr
         null = os.open(os.devnull, os.O_RDONLY)
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(_zygote())
             payload = json.dumps({"argv": [str(a) for a in argv], "env": dict(os.environ if env is None else env),
-                                  "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
-            socket.send_fds(self._conn, [struct.pack("!Q", len(payload)) + payload], [null, out_w, err_w])
+                                  "cwd": os.path.abspath(cwd or os.getcwd()), "pool": pool_fd is not None}).encode()
+            socket.send_fds(self._conn, [struct.pack("!Q", len(payload)) + payload],
+                            [null, out_w, err_w] + ([] if pool_fd is None else [pool_fd]))
         finally:
             for fd in (null, out_w, err_w):
                 os.close(fd)
-        self.stdout = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115  (closed in communicate)
+        self.stdout = open(out_r, encoding="utf-8", errors="replace") if out_r >= 0 else None  # noqa: SIM115
         self.stderr = open(err_r, encoding="utf-8", errors="replace") if stderr else None  # noqa: SIM115
         self._said = self._conn.makefile("r", encoding="utf-8")
         line = self._said.readline()
@@ -214,6 +223,11 @@ class Forked:
         self.pid = int(line.split()[1])
 
     def poll(self) -> int | None:
+        """The exit status if the command has ended (its waiter has said so), else None; never blocks."""
+        import select
+
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self.wait()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -262,6 +276,24 @@ def popen(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = 
     """``subprocess.Popen([python, "-m", "longpack.cli", *argv], stdout=PIPE, stderr=PIPE, text=True)``, forked;
     ``stderr=False``: the command writes to this process's stderr (``stderr=None`` there)."""
     return Forked(argv, env, cwd, stderr)
+
+
+class PoolWorker:
+    """A worker of tests/pool.py forked from the zygote, with the parts of ``multiprocessing.Process`` the pool
+    uses: it starts with torch and transformers imported instead of importing them (seconds per worker)."""
+
+    def __init__(self, fd: int, tests_dir: str) -> None:
+        self._proc = Forked([], cwd=tests_dir, stderr=False, pool_fd=fd)
+
+    def is_alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout)
+
+    def kill(self) -> None:
+        self._proc.kill()
 
 
 def run(argv: list[str], timeout: float = 300, env: dict[str, str] | None = None,

@@ -2,7 +2,8 @@
 
 ``spawn(fn, args, nprocs)`` runs ``fn(rank, *args)`` on ``nprocs`` workers at once, as
 ``torch.multiprocessing.spawn`` does, but in processes that have already imported torch, transformers and the
-test helpers: a test pays its ranks' work, not their interpreter start-up. Each job initialises its own process
+test helpers (forked from tests/forked.py's zygote, as the ranks are first asked for): a test pays its ranks'
+work, not their interpreter start-up. Each job initialises its own process
 group (a fresh port, as before) and leaves it in ``dist_workers._close``, which in a pooled worker destroys the
 group and returns instead of exiting. After every job a worker restores its environment variables, torch's
 thread count and default dtype, so jobs cannot see each other.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -83,23 +83,41 @@ def _errors(replies: dict[int, tuple[str, str]]) -> str:
 
 
 class Pool:
+    """Workers started as ranks are first asked for (up to ``SIZE``): a session whose tests need two ranks never
+    pays for four."""
+
     def __init__(self, size: int) -> None:
-        ctx = mp.get_context("spawn")
+        self.conns: list[Any] = []
+        self.procs: list[Any] = []
+        self.grow(size)
+
+    def grow(self, size: int) -> None:
+        """Workers forked from tests/forked.py's zygote (torch and transformers imported there once)."""
+        import socket
+        from multiprocessing.connection import Connection
+
+        import forked
+
         tests_dir = os.path.dirname(os.path.abspath(__file__))
-        self.conns, self.procs = [], []
-        for _ in range(size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, tests_dir), daemon=True)
-            proc.start()
+        new = []
+        for _ in range(size - len(self.conns)):
+            ours, theirs = socket.socketpair()
+            try:
+                proc = forked.PoolWorker(theirs.fileno(), tests_dir)
+            finally:
+                theirs.close()
+            parent = Connection(ours.detach())
+            new.append(parent)
             self.conns.append(parent)
             self.procs.append(proc)
-        for conn in self.conns:
+        for conn in new:
             if conn.recv() != "ready":
                 raise RuntimeError("a pool worker did not start")
 
     def run(self, fn: Any, args: tuple, nprocs: int, timeout: float) -> None:
-        if nprocs > len(self.conns):
-            raise ValueError(f"{nprocs} ranks: the pool has {len(self.conns)} workers")
+        if nprocs > SIZE:
+            raise ValueError(f"{nprocs} ranks: the pool has at most {SIZE} workers")
+        self.grow(max(nprocs, len(self.conns)))
         for rank in range(nprocs):
             self.conns[rank].send((fn.__module__, fn.__name__, rank, args))
         deadline = time.monotonic() + timeout
@@ -139,7 +157,7 @@ def spawn(fn: Any, args: tuple = (), nprocs: int = 2, timeout: float = 600.0) ->
     """``fn(rank, *args)`` on ranks 0..nprocs-1 of the warm pool (see the module docstring)."""
     global _POOL
     if _POOL is None:
-        _POOL = Pool(SIZE)
+        _POOL = Pool(nprocs)
         atexit.register(lambda: _POOL.close() if _POOL is not None else None)
     _POOL.run(fn, args, nprocs, timeout)
 
