@@ -45,6 +45,8 @@ _ZYGOTE: tuple[subprocess.Popen, str] | None = None
 def _preload() -> None:
     """What a `longpack train` run imports, so that forked commands start with it."""
     import safetensors.torch  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401  (checkpoints)
+    import torch.distributed.elastic.multiprocessing  # noqa: F401  (the launcher's start_processes)
     import transformers.models.llama.modeling_llama  # noqa: F401
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
@@ -131,7 +133,8 @@ def _serve(path: str) -> None:
                 _command(request, fds)
             for fd in fds:
                 os.close(fd)
-            conn.sendall(f"pid {pid}\n".encode())
+            with contextlib.suppress(OSError):  # a client gone (its test ended) still has its command reaped
+                conn.sendall(f"pid {pid}\n".encode())
             _, status = os.waitpid(pid, 0)
             with contextlib.suppress(OSError):
                 conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
@@ -192,6 +195,9 @@ def _stop(proc: subprocess.Popen, path: str) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
+    import shutil
+
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 class Forked:

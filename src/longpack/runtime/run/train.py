@@ -165,8 +165,9 @@ def threads_per_process(args: TrainArgs, local: int | None = None) -> int:
 
 def _one_voice(rank: int) -> None:
     """Only longpack speaks, and only rank 0: transformers' progress bars off (the run prints its own progress),
-    its warnings off on the other ranks, and FSDP2's notice that the wrapped model returns a view (its logits; the
-    runner never writes into them in place, and the FSDP2 parity tests hold) not repeated per rank."""
+    its warnings off on the other ranks, FSDP2's notice that the wrapped model returns a view (its logits; the
+    runner never writes into them in place, and the FSDP2 parity tests hold) not repeated per rank, and DCP's
+    notice that a process without a group (one process, no FSDP2) saves or loads its checkpoint alone."""
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -175,5 +176,6 @@ def _one_voice(rank: int) -> None:
     if rank != 0:
         hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
