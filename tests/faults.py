@@ -1,8 +1,10 @@
 """Faults no input check can catch, injected into a `longpack` subprocess (test-only).
 
-:func:`faulty_env` returns an environment whose PYTHONPATH loads a ``sitecustomize`` at interpreter start. On rank
-``rank``, kind "raise" makes the step runner's ``run_micro_batches`` raise IndexError; kind "kill" SIGKILLs the
-process as it enters ``checkpoint.save`` for the ``at``-th time (1: the first checkpoint).
+:func:`faulty_env` returns an environment whose PYTHONPATH loads a ``sitecustomize`` at interpreter start (or, in a
+command forked by tests/forked.py, before the command runs). On rank ``rank``, kind "raise" makes the step runner's
+``run_micro_batches`` raise IndexError; kind "kill" SIGKILLs the process as it enters ``checkpoint.save`` for the
+``at``-th time (1: the first checkpoint). The function is replaced as its module is imported, or at once where it
+is imported already.
 """
 
 import os
@@ -14,10 +16,22 @@ TARGET = {"raise": ("longpack.runtime.kernel.step_fn", "run_micro_batches"),
           "kill": ("longpack.runtime.run.checkpoint", "save")}
 CALLS = [0]
 
+def _patch(module):
+    real = getattr(module, TARGET[os.environ["FAULT_KIND"]][1])
+
+    def faulty(*a, **k):
+        if os.environ.get("RANK", "0") == os.environ["FAULT_RANK"]:
+            CALLS[0] += 1
+            if os.environ["FAULT_KIND"] == "kill" and CALLS[0] == int(os.environ["FAULT_AT"]):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if os.environ["FAULT_KIND"] == "raise":
+                raise IndexError("index 999 is out of bounds for dimension 0 with size 256")
+        return real(*a, **k)
+    setattr(module, TARGET[os.environ["FAULT_KIND"]][1], faulty)
+
 class _Hook:
     def find_spec(self, name, path, target=None):
-        module_name, attr = TARGET[os.environ["FAULT_KIND"]]
-        if name != module_name:
+        if name != TARGET[os.environ["FAULT_KIND"]][0]:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -25,22 +39,15 @@ class _Hook:
 
         def exec_module(module):
             run(module)
-            real = getattr(module, attr)
-
-            def faulty(*a, **k):
-                if os.environ.get("RANK", "0") == os.environ["FAULT_RANK"]:
-                    CALLS[0] += 1
-                    if os.environ["FAULT_KIND"] == "kill" and CALLS[0] == int(os.environ["FAULT_AT"]):
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    if os.environ["FAULT_KIND"] == "raise":
-                        raise IndexError("index 999 is out of bounds for dimension 0 with size 256")
-                return real(*a, **k)
-            setattr(module, attr, faulty)
+            _patch(module)
         spec.loader.exec_module = exec_module
         return spec
 
 if os.environ.get("FAULT_RANK"):
-    sys.meta_path.insert(0, _Hook())
+    if TARGET[os.environ["FAULT_KIND"]][0] in sys.modules:  # imported already: a process forked by tests/forked.py
+        _patch(sys.modules[TARGET[os.environ["FAULT_KIND"]][0]])
+    else:
+        sys.meta_path.insert(0, _Hook())
 '''
 
 

@@ -6,13 +6,14 @@ status, and its children are its own: signals, ``ps --ppid`` and the launcher's 
 ``subprocess``. What it does not pay is the import of torch and transformers (seconds of CPU per command on this
 suite's 2 cores). What it cannot show is therefore kept on ``subprocess``: anything about start-up itself (what
 is imported before an argument error), environment variables read at import time (``OMP_NUM_THREADS``), and the
-launchers ``torchrun`` and ``python -m``. The zygote refuses to serve if its imports wrote anything to stderr, so a
-warning raised at import time is not hidden from the tests that look for one.
+launchers ``torchrun`` and ``python -m``. A PYTHONPATH is honoured as start-up would: its new folders go first on
+``sys.path`` and a ``sitecustomize`` there is imported before the command runs. The zygote refuses to serve if
+its imports wrote anything to stderr, so a warning raised at import time is not hidden from the tests that look for one.
 
 ``run(args, timeout=..., env=None, cwd=None)`` returns what ``subprocess.run([python, "-m", "longpack.cli",
 *args], capture_output=True, text=True, timeout=...)`` would; ``popen(args, ...)`` gives a ``Forked`` with
-``pid``, text ``stdout``/``stderr``, ``wait``, ``communicate``, ``kill`` and ``returncode``. ``pool_worker(fd)``
-forks a worker of tests/pool.py (``pool._serve`` on the connection ``fd``) the same way.
+``pid``, text ``stdout``/``stderr``, ``wait``, ``communicate``, ``kill`` and ``returncode``. ``PoolWorker(fd,
+folder)`` forks a worker of tests/pool.py (``pool._serve`` on the connection ``fd``) the same way.
 
 How: the zygote accepts one Unix-socket connection per command, with the command's stdio descriptors passed over
 it (``socket.send_fds``). It forks a waiter, which forks the command, reports its pid, waits for it and reports its
@@ -65,6 +66,16 @@ def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data[8:8 + struct.unpack("!Q", data[:8])[0]]), list(fds)
 
 
+def _site(pythonpath: str) -> None:
+    """What start-up does with a PYTHONPATH the zygote did not have: its folders first on ``sys.path``, and a
+    ``sitecustomize`` found there imported (tests/faults.py injects its faults so)."""
+    new = [d for d in pythonpath.split(os.pathsep) if d and d not in sys.path]
+    sys.path[1:1] = new
+    if any(os.path.isfile(os.path.join(d, "sitecustomize.py")) for d in new):
+        sys.modules.pop("sitecustomize", None)
+        import sitecustomize  # noqa: F401
+
+
 def _command(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked command: its stdio, directory, environment and argv, then ``python -m longpack.cli``."""
     import runpy
@@ -79,6 +90,7 @@ def _command(request: dict[str, Any], fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _site(request["env"].get("PYTHONPATH", ""))
         if request.get("pool"):  # a worker of tests/pool.py, serving jobs on the connection passed fourth
             from multiprocessing.connection import Connection
 

@@ -6,9 +6,8 @@ interruption, counted by sample id in metrics.jsonl. Settings that change what i
 spawning, naming them."""
 
 import json
-import subprocess
-import sys
 
+import forked
 import pool  # tests/pool.py: warm worker processes
 import pytest
 from faults import faulty_env  # tests/faults.py
@@ -65,10 +64,8 @@ def test_parity_fsdp_elastic_resume_on_another_world(tmp_path, case):
     ck, logs = tmp_path / "ck", tmp_path / "logs"
     # the real launcher on the first world, rank 0 SIGKILLed as it enters its 3rd checkpoint: steps 0-2 trained,
     # steps 0-1 checkpointed, the resume continues at step 2 (the last of epoch 1)
-    killed = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, "--data", rows, *first,
-                             "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--log-dir", str(logs)],
-                            capture_output=True, text=True,
-                            timeout=300, env=faulty_env(tmp_path, "kill", rank=0, at=3))
+    killed = forked.run(["train", *COMMON, "--data", rows, *first, "--checkpoint-dir", str(ck), "--checkpoint-every",
+                         "1", "--log-dir", str(logs)], timeout=300, env=faulty_env(tmp_path, "kill", rank=0, at=3))
     assert killed.returncode == 2 and "the process was killed (SIGKILL)" in killed.stderr, killed.stderr[-3000:]
     assert sorted(p.name for p in ck.iterdir()) == ["step_00000001", "step_00000002"]
     resumed = _run(tmp_path, "resumed", then, rows, ["--checkpoint-dir", str(ck), "--checkpoint-every", "1",

@@ -179,9 +179,8 @@ def test_two_epochs_train_other_batches_and_resume_mid_epoch_bit_identical(tmp_p
     assert [s["tokens"] for s in whole] == [sum(lengths[i % 12] for i in b) for b in batches]
     assert {int(i) % 12 for i in batches[2]} != {int(i) % 12 for i in batches[0]}  # epoch 2 reshuffled
     flags += ["--checkpoint-dir", str(ck)]  # the real launcher, rank 0 killed entering its 4th checkpoint
-    killed = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *COMMON, *flags, "--checkpoint-every",
-                             "1"], capture_output=True, text=True, timeout=300,
-                            env=faulty_env(tmp_path, "kill", rank=0, at=4))
+    killed = forked.run(["train", *COMMON, *flags, "--checkpoint-every", "1"], timeout=300,
+                        env=faulty_env(tmp_path, "kill", rank=0, at=4))
     trained = [x for x in killed.stdout.splitlines() if x.startswith('{"step"')]
     assert killed.returncode == 2 and len(trained) == 4, killed.stderr[-2000:]
     assert "rank 0: the process was killed (SIGKILL)" in killed.stderr, killed.stderr[-2000:]

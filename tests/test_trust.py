@@ -163,8 +163,7 @@ def test_a_label_outside_the_vocabulary_is_one_line_before_spawning(tmp_path):
 def test_a_rank_killed_while_writing_a_checkpoint_is_one_line(tmp_path):
     args = [*COMMON, "--steps", "2", "--nproc", "2", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every",
             "1", "--timeout", "300"]
-    proc = subprocess.run([sys.executable, "-m", "longpack.cli", "train", *args], capture_output=True, text=True,
-                          timeout=300, env=faulty_env(tmp_path, "kill"))
+    proc = forked.run(["train", *args], timeout=300, env=faulty_env(tmp_path, "kill"))
     _one_line(proc, "rank 1: the process was killed (SIGKILL)")
 
 
@@ -175,7 +174,10 @@ def test_the_failing_ranks_own_error_reaches_the_user_at_once(tmp_path, launcher
     cmd = (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args] if launcher == "torchrun"
            else [*args, "--nproc", "2"])
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=300, env=env)
+    if launcher == "torchrun":
+        proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=300, env=env)
+    else:  # the launcher forked (tests/forked.py), its ranks forked from it as always
+        proc = forked.run(cmd[2:], timeout=300, env=env)
     seconds = time.perf_counter() - t0
     assert proc.returncode != 0 and seconds < 60, (seconds, proc.stderr[-2000:])  # not the 300 s timeout
     lines = [x for x in proc.stderr.splitlines() if x.startswith("longpack: error:")]
