@@ -45,6 +45,10 @@ def _int(value: Any, what: str, lo: int, hi: int) -> int:
 _Span = tuple[int, int, int, int, int, "int | None"]  # start, stop, step, replica, micro-batch, cp_rank
 
 
+def _where(at: tuple[int, int, int]) -> str:
+    return f"step {at[0]}, replica {at[1]}, micro-batch {at[2]}"
+
+
 class PlanError(ValueError):
     """A plan that breaks an invariant; the message says where."""
 
@@ -181,11 +185,15 @@ class Plan:
             step = self.steps[s]
             self._check_step_shape(s, step)
             for r, rep in enumerate(step.replicas):
+                cp = step.replica_cp(r)
                 for m, mb in enumerate(rep.micro_batches):
-                    where = f"step {s}, replica {r}, micro-batch {m}"
-                    self._check_micro_batch(where, step, step.replica_cp(r), mb)
-                    for p in mb.pieces:
-                        covered.setdefault(p.sample, []).append((p.start, p.stop, s, r, m, p.cp_rank))
+                    self._check_micro_batch((s, r, m), step, cp, mb)
+                    for sample, start, stop, rank in mb.pieces:
+                        spans = covered.get(sample)
+                        if spans is None:
+                            covered[sample] = [(start, stop, s, r, m, rank)]
+                        else:
+                            spans.append((start, stop, s, r, m, rank))
         self._check_coverage_and_order(covered, samples)
 
     def _check_header(self) -> None:
@@ -225,30 +233,45 @@ class Plan:
             raise PlanError(f"step {s}: cp={step.cp} but the largest of degrees {list(step.degrees)} is "
                             f"{max(step.degrees)}; a step's cp is its widest group")
 
-    def _check_micro_batch(self, where: str, step: Step, cp: int, mb: MicroBatch) -> None:
+    def _check_micro_batch(self, at: tuple[int, int, int], step: Step, cp: int, mb: MicroBatch) -> None:
+        """Each piece in range and once, then each CP rank's tokens (``MicroBatch.rank_tokens``, summed here in the
+        same pass) within the cap; ``at``: (step, replica, micro-batch), named in the error."""
+        lengths, dropped, truncated, pad = self.lengths, self.dropped, self.truncated, mb.pad_to
         seen: set[int] = set()
-        for p in mb.pieces:
-            if p.sample not in self.lengths:
-                raise PlanError(f"{where}: sample {p.sample} is not in the plan's lengths")
-            if p.sample in seen:
-                raise PlanError(f"{where}: sample {p.sample} has two pieces in one micro-batch")
-            seen.add(p.sample)
-            if p.sample in self.dropped:
-                raise PlanError(f"{where}: sample {p.sample}: dropped ({self.dropped[p.sample]}) but scheduled")
-            if not 0 <= p.start < p.stop <= self.effective_length(p.sample):
-                raise PlanError(f"{where}: sample {p.sample} piece [{p.start}, {p.stop}) outside "
-                                f"[0, {self.effective_length(p.sample)})")
-            if p.cp_rank is not None and not 0 <= p.cp_rank < cp:
-                raise PlanError(f"{where}: sample {p.sample} cp_rank={p.cp_rank} not in [0, {cp})")
-            if mb.pad_to and p.stop - p.start > mb.pad_to:
-                raise PlanError(f"{where}: sample {p.sample} has {p.stop - p.start} tokens > pad_to={mb.pad_to}")
-        for rank, tokens in enumerate(mb.rank_tokens(cp)):
-            if tokens > step.token_cap:
-                raise PlanError(f"{where}: CP rank {rank} holds {tokens} tokens > token cap {step.token_cap}")
+        held, shared = [0] * cp, 0
+        for sample, start, stop, rank in mb.pieces:
+            if sample not in lengths:
+                raise PlanError(f"{_where(at)}: sample {sample} is not in the plan's lengths")
+            if sample in seen:
+                raise PlanError(f"{_where(at)}: sample {sample} has two pieces in one micro-batch")
+            seen.add(sample)
+            if sample in dropped:
+                raise PlanError(f"{_where(at)}: sample {sample}: dropped ({dropped[sample]}) but scheduled")
+            need = truncated.get(sample)
+            if need is None:
+                need = lengths[sample]
+            if not 0 <= start < stop <= need:
+                raise PlanError(f"{_where(at)}: sample {sample} piece [{start}, {stop}) outside [0, {need})")
+            if rank is not None and not 0 <= rank < cp:
+                raise PlanError(f"{_where(at)}: sample {sample} cp_rank={rank} not in [0, {cp})")
+            if pad and stop - start > pad:
+                raise PlanError(f"{_where(at)}: sample {sample} has {stop - start} tokens > pad_to={pad}")
+            n = pad if pad else stop - start
+            if rank is None:
+                shared += math.ceil(n / cp)
+            else:
+                held[rank] += n
+        for rank, tokens in enumerate(held):
+            if tokens + shared > step.token_cap:
+                raise PlanError(f"{_where(at)}: CP rank {rank} holds {tokens + shared} tokens > token cap "
+                                f"{step.token_cap}")
 
     def _check_coverage_and_order(self, covered: dict[int, list[_Span]], samples: Iterable[int]) -> None:
+        lengths, dropped, truncated = self.lengths, self.dropped, self.truncated
         for sample in samples:
-            need = self.effective_length(sample)
+            need = 0 if sample in dropped else truncated.get(sample, None)
+            if need is None:
+                need = lengths[sample]
             spans = covered.get(sample, [])
             if need == 0:
                 if spans:
