@@ -127,8 +127,16 @@ def _serve(path: str) -> None:
     listener.bind(path + ".tmp")
     listener.listen(16)
     os.rename(path + ".tmp", path)  # ready: the client waits for this name
+    parent = os.getppid()
+    listener.settimeout(2.0)
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the test worker died without stopping us: do not outlive it
+                return
+            continue
+        conn.settimeout(None)
         try:
             request, fds = _recv_request(conn)
         except (OSError, EOFError, ValueError):
