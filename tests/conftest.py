@@ -23,12 +23,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 # The longest test files, longest first (worker-seconds measured on 2 cores; test_gpu_ready first: its fake-GPU
-# worker runs beside the rest). Under `make test` (pytest-xdist, --dist loadfile --no-loadscope-reorder) files are
-# handed out in this order, then the others as collected, so the two workers finish together.
-LONGEST_FIRST = ["test_gpu_ready", "test_readme_use", "test_elastic", "test_pipeline", "test_dry_run", "test_trust",
-                 "test_hf", "test_trust_second", "test_bounds", "test_bad_input", "test_chunked", "test_mixed_groups",
-                 "test_hbp", "test_sim", "test_first_hour", "test_cli", "test_skrull", "test_run_options",
-                 "test_faults", "test_unified"]
+# worker, which builds its device with g++, runs beside the rest). Under `make test` (pytest-xdist, --dist loadfile
+# --no-loadscope-reorder) files are handed out in this order, then the others as collected, so the two workers
+# finish together. test_readme_use times the README's commands against their stated times: it waits until the
+# start, when both workers and the fake-GPU worker compete for the 2 cores, is over.
+LONGEST_FIRST = ["test_gpu_ready", "test_elastic", "test_pipeline", "test_dry_run", "test_trust", "test_hf",
+                 "test_trust_second", "test_bounds", "test_bad_input", "test_readme_use", "test_chunked",
+                 "test_mixed_groups", "test_hbp", "test_sim", "test_first_hour", "test_cli", "test_skrull",
+                 "test_run_options", "test_faults", "test_unified"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
