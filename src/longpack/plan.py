@@ -234,11 +234,10 @@ class Plan:
                             f"{max(step.degrees)}; a step's cp is its widest group")
 
     def _check_micro_batch(self, at: tuple[int, int, int], step: Step, cp: int, mb: MicroBatch) -> None:
-        """Each piece in range and once, then each CP rank's tokens (``MicroBatch.rank_tokens``, summed here in the
-        same pass) within the cap; ``at``: (step, replica, micro-batch), named in the error."""
-        lengths, dropped, truncated, pad = self.lengths, self.dropped, self.truncated, mb.pad_to
+        """Each piece in range and once, then each CP rank's tokens within the cap; ``at``: (step, replica,
+        micro-batch), named in an error only."""
+        lengths, dropped, pad = self.lengths, self.dropped, mb.pad_to
         seen: set[int] = set()
-        held, shared = [0] * cp, 0
         for sample, start, stop, rank in mb.pieces:
             if sample not in lengths:
                 raise PlanError(f"{_where(at)}: sample {sample} is not in the plan's lengths")
@@ -247,31 +246,20 @@ class Plan:
             seen.add(sample)
             if sample in dropped:
                 raise PlanError(f"{_where(at)}: sample {sample}: dropped ({dropped[sample]}) but scheduled")
-            need = truncated.get(sample)
-            if need is None:
-                need = lengths[sample]
+            need = self.effective_length(sample)
             if not 0 <= start < stop <= need:
                 raise PlanError(f"{_where(at)}: sample {sample} piece [{start}, {stop}) outside [0, {need})")
             if rank is not None and not 0 <= rank < cp:
                 raise PlanError(f"{_where(at)}: sample {sample} cp_rank={rank} not in [0, {cp})")
             if pad and stop - start > pad:
                 raise PlanError(f"{_where(at)}: sample {sample} has {stop - start} tokens > pad_to={pad}")
-            n = pad if pad else stop - start
-            if rank is None:
-                shared += math.ceil(n / cp)
-            else:
-                held[rank] += n
-        for rank, tokens in enumerate(held):
-            if tokens + shared > step.token_cap:
-                raise PlanError(f"{_where(at)}: CP rank {rank} holds {tokens + shared} tokens > token cap "
-                                f"{step.token_cap}")
+        for rank, tokens in enumerate(mb.rank_tokens(cp)):
+            if tokens > step.token_cap:
+                raise PlanError(f"{_where(at)}: CP rank {rank} holds {tokens} tokens > token cap {step.token_cap}")
 
     def _check_coverage_and_order(self, covered: dict[int, list[_Span]], samples: Iterable[int]) -> None:
-        lengths, dropped, truncated = self.lengths, self.dropped, self.truncated
         for sample in samples:
-            need = 0 if sample in dropped else truncated.get(sample, None)
-            if need is None:
-                need = lengths[sample]
+            need = self.effective_length(sample)
             spans = covered.get(sample, [])
             if need == 0:
                 if spans:
