@@ -17,7 +17,8 @@ TARGET = {"raise": ("longpack.runtime.kernel.step_fn", "run_micro_batches"),
 CALLS = [0]
 
 def _patch(module):
-    real = getattr(module, TARGET[os.environ["FAULT_KIND"]][1])
+    attr = TARGET[os.environ["FAULT_KIND"]][1]
+    real = getattr(module, attr)
 
     def faulty(*a, **k):
         if os.environ.get("RANK", "0") == os.environ["FAULT_RANK"]:
@@ -27,7 +28,7 @@ def _patch(module):
             if os.environ["FAULT_KIND"] == "raise":
                 raise IndexError("index 999 is out of bounds for dimension 0 with size 256")
         return real(*a, **k)
-    setattr(module, TARGET[os.environ["FAULT_KIND"]][1], faulty)
+    setattr(module, attr, faulty)
 
 class _Hook:
     def find_spec(self, name, path, target=None):
@@ -44,8 +45,9 @@ class _Hook:
         return spec
 
 if os.environ.get("FAULT_RANK"):
-    if TARGET[os.environ["FAULT_KIND"]][0] in sys.modules:  # imported already: a process forked by tests/forked.py
-        _patch(sys.modules[TARGET[os.environ["FAULT_KIND"]][0]])
+    imported = sys.modules.get(TARGET[os.environ["FAULT_KIND"]][0])
+    if imported is not None:  # imported already: a process forked by tests/forked.py
+        _patch(imported)
     else:
         sys.meta_path.insert(0, _Hook())
 '''

@@ -56,6 +56,11 @@ def _preload() -> None:
     import longpack.runtime.run.train  # noqa: F401
 
 
+def _send_request(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+    payload = json.dumps(request).encode()
+    socket.send_fds(conn, [struct.pack("!Q", len(payload)) + payload], fds)
+
+
 def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 4)
     while len(data) < 8 or len(data) < 8 + struct.unpack("!Q", data[:8])[0]:
@@ -209,8 +214,7 @@ def _zygote() -> str:
 def _stop(proc: subprocess.Popen, path: str) -> None:
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(path)
-        payload = json.dumps({"stop": True}).encode()
-        socket.send_fds(s, [struct.pack("!Q", len(payload)) + payload], [])
+        _send_request(s, {"stop": True}, [])
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
@@ -233,10 +237,9 @@ class Forked:
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(_zygote())
-            payload = json.dumps({"argv": [str(a) for a in argv], "env": dict(os.environ if env is None else env),
-                                  "cwd": os.path.abspath(cwd or os.getcwd()), "pool": pool_fd is not None}).encode()
-            socket.send_fds(self._conn, [struct.pack("!Q", len(payload)) + payload],
-                            [null, out_w, err_w] + ([] if pool_fd is None else [pool_fd]))
+            _send_request(self._conn, {"argv": [str(a) for a in argv], "env": dict(os.environ if env is None else env),
+                                       "cwd": os.path.abspath(cwd or os.getcwd()), "pool": pool_fd is not None},
+                          [null, out_w, err_w] + ([] if pool_fd is None else [pool_fd]))
         finally:
             for fd in (null, out_w, err_w):
                 os.close(fd)

@@ -3,10 +3,10 @@
 ``spawn(fn, args, nprocs)`` runs ``fn(rank, *args)`` on ``nprocs`` workers at once, as
 ``torch.multiprocessing.spawn`` does, but in processes that have already imported torch, transformers and the
 test helpers (forked from tests/forked.py's zygote, as the ranks are first asked for): a test pays its ranks'
-work, not their interpreter start-up. Each job initialises its own process
-group (a fresh port, as before) and leaves it in ``dist_workers._close``, which in a pooled worker destroys the
-group and returns instead of exiting. After every job a worker restores its environment variables, torch's
-thread count and default dtype, so jobs cannot see each other.
+work, not their interpreter start-up. Each job initialises its own process group (a fresh port, as before) and
+leaves it in ``dist_workers._close``, which in a pooled worker destroys the group and returns instead of exiting.
+After every job a worker restores its environment variables, torch's thread count and default dtype, so jobs
+cannot see each other.
 
 ``cli(argv)`` runs a ``longpack`` command line on the pool as torchrun would (``--nproc N``: N workers, each one
 rank with RANK/WORLD_SIZE set) and returns it as ``subprocess.run`` does: rank 0's stdout, every rank's stderr,

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .engine import decoder_layers
-from .names import KERNELS
+from .names import KERNELS, check_kernels
 
 __all__ = ["KERNELS", "KERNEL_NAMES", "resolve", "apply_kernels"]
 
@@ -37,8 +37,7 @@ KERNEL_NAMES = {"compile": "torch.compile (norms, MLP)", "eager": "eager"}  # as
 
 def resolve(kind: str, device: torch.device) -> str:
     """The kernels a run uses on ``device`` for ``--kernels kind``; a ValueError names what is missing."""
-    if kind not in KERNELS:
-        raise ValueError(f"--kernels {kind!r}: choose one of {', '.join(KERNELS)}")
+    check_kernels(kind)
     if kind == "auto":
         return "compile" if device.type == "cuda" else "eager"
     return kind

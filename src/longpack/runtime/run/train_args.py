@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ...runspec import RunSpec
-from ..kernel.names import KERNELS, LOSS_MODES
+from ..kernel.names import LOSS_MODES, check_kernels
 
 __all__ = ["DTYPE_NAMES", "LOSS_MODES", "SHARDS", "ModelArgs", "DataArgs", "OptimArgs", "ParallelArgs", "OutputArgs",
            "TrainArgs", "GROUPS", "check_layout", "opt"]
@@ -42,8 +42,7 @@ class ModelArgs:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"--dtype {self.dtype!r}: choose float32, float64 or bfloat16")
-        if self.kernels not in KERNELS:
-            raise ValueError(f"--kernels {self.kernels!r}: choose one of {', '.join(KERNELS)}")
+        check_kernels(self.kernels)
 
 
 @dataclass(frozen=True, kw_only=True)
