@@ -71,7 +71,8 @@ def _pass_tracker(fsdp: bool) -> Any:
     statistics of one forward per iteration and refuse a second root forward; only their device totals are read
     here, so the per-module statistics restart at every root forward (their private pre-forward hooks, wrapped),
     and the device peak is kept without the per-module peaks: torch's tracker walks every module's statistics after
-    each operator (a thousand modules in an 80-layer model: a third of a 72B rank's dry run)."""
+    each operator (a thousand modules in an 80-layer model: a third of a 72B rank's dry run). The engine's device
+    queries (``prim.device``, which allocate nothing) bypass the tracker."""
     from copy import deepcopy
 
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -83,7 +84,15 @@ def _pass_tracker(fsdp: bool) -> Any:
                 self._peak_mem[dev] = snap["Total"]
                 self._peak_mem_snap[dev] = deepcopy(snap)
 
-    class PassFSDPTracker(FSDPMemTracker):
+    device_of = torch.ops.prim.device.default
+
+    class Untracked:  # the autograd engine asks every fake tensor its device: most operators of a backward
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is device_of:  # allocates nothing: no bookkeeping
+                return func(*args)
+            return super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[misc]
+
+    class PassFSDPTracker(Untracked, FSDPMemTracker):
         _update_peak_stats = device_peak
 
         def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:  # type: ignore[override]
@@ -96,7 +105,7 @@ def _pass_tracker(fsdp: bool) -> Any:
 
             return pre
 
-    class PassTracker(MemTracker):
+    class PassTracker(Untracked, MemTracker):
         _update_peak_stats = device_peak
 
         def _pre_fw_hook(self, module: Any, inputs: Any) -> None:  # type: ignore[override]
