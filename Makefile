@@ -27,7 +27,7 @@ demo: $(STAMP)
 	@echo "  longpack train --data rows.jsonl --model-path ./my-model --output-dir ./my-model-sft --nproc 2 --steps 4"
 
 # Two pytest-xdist workers, each test file on one (its module fixtures built once), the longest files first
-# (tests/conftest.py): about 8.5 minutes on 2 cores.
+# (tests/conftest.py): about 7 minutes on 2 cores.
 # One file or one test: .venv/bin/python -m pytest tests/test_plan.py (no workers needed).
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
