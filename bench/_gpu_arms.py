@@ -23,6 +23,7 @@ GiB, final loss, and the seconds from the arm's start to its first step.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -87,17 +88,33 @@ class _Clock:
 def hf_arm(name: str, ckpt: Path, rows: list[dict], cap: int, steps: int, batch: int, gpu: bool,
            ckpt_above: int) -> dict[str, Any]:
     """One Hugging Face arm (module docstring)."""
-    import datasets
     import transformers
 
     t_start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation=KERNEL)
     model.config.use_cache = False
-    if name == "hf_liger":
-        import liger_kernel.transformers as liger
+    modeling = sys.modules[type(model).__module__]
+    saved = dict(vars(modeling))  # Liger replaces module-level functions (RoPE): restored for the arms after this
+    try:
+        if name == "hf_liger":
+            import liger_kernel.transformers as liger
 
-        getattr(liger, f"apply_liger_kernel_to_{model.config.model_type}")(
-            rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True, model=model)
+            getattr(liger, f"apply_liger_kernel_to_{model.config.model_type}")(
+                rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True, model=model)
+        return _train_hf(name, model, rows, cap, steps, batch, gpu, ckpt_above, t_start)
+    finally:
+        for key in set(vars(modeling)) - set(saved):
+            delattr(modeling, key)
+        for key, value in saved.items():
+            if vars(modeling).get(key) is not value:
+                setattr(modeling, key, value)
+
+
+def _train_hf(name: str, model: Any, rows: list[dict], cap: int, steps: int, batch: int, gpu: bool,
+              ckpt_above: int, t_start: float) -> dict[str, Any]:
+    import datasets
+    import transformers
+
     longest = max(len(r["input_ids"]) for r in rows)
     clock = _Clock()
     micro = cap_batches([len(r["input_ids"]) for r in rows], cap)
@@ -178,6 +195,7 @@ def longpack_arm(planner: str, ckpt: Path, rows_path: Path, cap: int, steps: int
     import torch.distributed as dist
 
     from longpack import jobs
+    from longpack.runtime.kernel.head_loss import head_loss_name
     from longpack.runtime.run.train import train
     from longpack.runtime.run.train_args import TrainArgs
 
@@ -207,7 +225,9 @@ def longpack_arm(planner: str, ckpt: Path, rows_path: Path, cap: int, steps: int
     return {"steps": steps_out, "startup_seconds": sum(v for k, v in phases.items()
                                                        if k not in ("imports", "first_step", "total")),
             "peak_gib": max(s["measured_gib"] for s in steps_out),
-            "predicted_gib": max(s["predicted_gib"] for s in steps_out)}
+            "predicted_gib": max(s["predicted_gib"] for s in steps_out),
+            "head_loss": head_loss_name(torch.device("cuda" if gpu else "cpu"),
+                                        torch.bfloat16 if gpu else torch.float32, "token_mean")}
 
 
 CATEGORIES = (("communication", ("nccl", "allreduce", "all_gather", "reduce_scatter")),

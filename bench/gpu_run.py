@@ -118,7 +118,7 @@ def summarise(arm: str, setup: dict, result: dict, spec, docs: list[int], peak: 
             else 0.0, "tflops": rate / 1e12, "mfu": rate / peak if peak else None, "peak_gib": result.get("peak_gib"),
             "predicted_gib": result.get("predicted_gib"), "final_loss": timed[-1]["loss"] if timed else None,
             "startup_s": result.get("startup_seconds"), "timed_steps": len(timed),
-            **{k: result[k] for k in ("accum", "checkpointing") if k in result}}
+            **{k: result[k] for k in ("accum", "checkpointing", "head_loss") if k in result}}
 
 
 def main() -> None:
@@ -144,10 +144,11 @@ def main() -> None:
     env = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda}
     (args.out / "env.json").write_text(json.dumps(env))
     register_kernel()
-    have = {"hf_liger": _imports("liger_kernel"), "trl_bfd": _imports("trl")}
+    have = {"hf_liger": _imports("liger_kernel") and gpu, "trl_bfd": _imports("trl")}  # Liger: Triton on CUDA
     schedule = [(s, a) for s in setups(args.dry_run) for a in ARMS]
     print(f"gpu_run: {name}; budget {args.budget:.0f} s; {len(schedule)} arms; "
-          f"liger {'yes' if have['hf_liger'] else 'absent'}, trl {'yes' if have['trl_bfd'] else 'absent'}", flush=True)
+          f"liger {'yes' if have['hf_liger'] else 'absent' if gpu else 'not on the CPU'}, "
+          f"trl {'yes' if have['trl_bfd'] else 'absent'}", flush=True)
     _say_schedule(schedule, have, args.budget, args.dry_run)
     arms_file = args.out / "arms.jsonl"
     arms_file.write_text("")
@@ -161,7 +162,8 @@ def main() -> None:
         left = deadline - time.perf_counter()
         line = {"arm": arm, "model": setup["model"], "rows": setup["rows"]}
         if arm in have and not have[arm]:
-            line["skipped"] = f"{'liger_kernel' if arm == 'hf_liger' else 'trl'} is not installed"
+            line["skipped"] = ("trl is not installed" if arm == "trl_bfd" else "liger_kernel is not installed"
+                               if gpu else "Liger's Triton kernels need a CUDA GPU")
         elif need > left:
             line["skipped"] = f"expected {need:.0f} s, {left:.0f} s left"
         else:

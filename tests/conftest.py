@@ -11,6 +11,9 @@ import pytest
 # 50 s of CPU with the default policy and 3.5 to 5 s with passive waiting. What is computed, and so every figure, is
 # the same. Set before any test process imports torch (the workers, the zygote and their commands inherit it).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Triton kernels (Liger's fused loss: runtime/kernel/liger_loss.py) run on the host in Triton's interpreter: this
+# machine has no GPU. Read when a kernel module is imported, so set before any test imports one.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from longpack.hardware import HardwareSpec
 from longpack.model import ModelSpec

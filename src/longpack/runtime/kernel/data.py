@@ -109,6 +109,7 @@ class Packed:
     sample_of_token: torch.Tensor
     weights: torch.Tensor | None = None  # each token's target weight in the step objective (runtime/kernel/loss.py)
     n_targets: int = 0  # positions with a real target, counted on the host
+    uniform: float | None = None  # the one weight of every target, when they share one (runtime/kernel/liger_loss.py)
     cu_device: torch.Tensor | None = None  # ``cu_seqlens`` as int32 on the device, once the batch is moved there
 
     def to(self, device: torch.device) -> Packed:

@@ -20,10 +20,19 @@ from __future__ import annotations
 import torch
 
 from ...cost import RUNTIME_HEAD_CHUNK_BYTES
+from .liger_loss import liger_cross_entropy, liger_runs, liger_version
 
-__all__ = ["head_cross_entropy", "chunk_tokens", "CHUNK_BYTES", "LossHead", "loss_head"]
+__all__ = ["head_cross_entropy", "chunk_tokens", "CHUNK_BYTES", "LossHead", "loss_head", "head_loss_name"]
 
 CHUNK_BYTES = RUNTIME_HEAD_CHUNK_BYTES
+
+
+def head_loss_name(device: torch.device, dtype: torch.dtype, loss_mode: str) -> str:
+    """Which fused loss a run's micro-batches use (as its first line says): Liger's where it can run the
+    objective (``token_mean``, CUDA, ``liger_kernel`` installed: runtime/kernel/liger_loss.py), else longpack's."""
+    if loss_mode == "token_mean" and liger_runs(device, dtype):
+        return f"Liger fused linear cross-entropy (liger_kernel {liger_version()})"
+    return "longpack fused linear cross-entropy"
 
 
 def chunk_tokens(vocab: int) -> int:
@@ -47,9 +56,13 @@ def _mm(a: torch.Tensor, b: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
 
 def _gpu(t: torch.Tensor) -> bool:
     """A CUDA tensor, or a fake one (a dry run plays the GPU's kernels on a 'cpu' mesh: runtime/run/dry_run.py)."""
+    return t.device.type == "cuda" or _fake(t)
+
+
+def _fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
-    return t.device.type == "cuda" or is_fake(t)
+    return is_fake(t)
 
 
 def _addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -137,27 +150,32 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 
 def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,
-                       chunk: int | None = None) -> torch.Tensor:
+                       chunk: int | None = None, uniform: float | None = None) -> torch.Tensor:
     """Σ_t w_t · cross-entropy(h_t · Wᵀ, label_t), computed ``chunk`` tokens at a time (default
-    :func:`chunk_tokens`); ``h`` [T, hidden], ``weight`` [vocab, hidden], ``labels`` [T] (any id where w_t = 0)."""
+    :func:`chunk_tokens`); ``h`` [T, hidden], ``weight`` [vocab, hidden], ``labels`` [T] (any id where w_t = 0).
+    ``uniform``: the one value of every nonzero w_t, when they share one — then Liger's kernel runs where it can
+    (runtime/kernel/liger_loss.py)."""
+    if uniform is not None and not _fake(h) and liger_runs(h.device, h.dtype):
+        return liger_cross_entropy(h, weight, labels, w, uniform)
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)  # none to make in evaluation
     return _FusedLinearCrossEntropy.apply(h, weight, labels, w, chunk or chunk_tokens(weight.shape[0]), grads)
 
 
 class LossHead(torch.nn.Linear):
-    """A bias-free linear LM head that, while :attr:`target` holds (labels [T], weights [T]), returns the
-    micro-batch's Σ w·CE as a [1] tensor (:func:`head_cross_entropy`, autocast off) in place of the logits. The
+    """A bias-free linear LM head that, while :attr:`target` holds (labels [T], weights [T], their one value or
+    None), returns the micro-batch's Σ w·CE as a [1] tensor (:func:`head_cross_entropy`, autocast off) in place of
+    the logits. The
     loss is computed inside the model's forward, so a sharded head (FSDP2) is gathered for it in forward; with no
     target it is the plain linear layer."""
 
-    target: tuple[torch.Tensor, torch.Tensor] | None = None
+    target: tuple[torch.Tensor, torch.Tensor, float | None] | None = None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.target is None:
             return super().forward(h)
-        labels, w = self.target
+        labels, w, uniform = self.target
         with torch.autocast(h.device.type, enabled=False):
-            return head_cross_entropy(h[0].to(self.weight.dtype), self.weight, labels, w).reshape(1)
+            return head_cross_entropy(h[0].to(self.weight.dtype), self.weight, labels, w, uniform=uniform).reshape(1)
 
 
 def loss_head(model: torch.nn.Module) -> LossHead | None:

@@ -49,15 +49,25 @@ def prepare(mb: MicroBatch, source: Source, effective_length: Callable[[int], in
     with unset_fake_temporarily():
         batch = collate(mb, source, effective_length, pieces=pieces)
         batch.weights = weigh(batch)
+        batch.uniform = _one_value(batch.weights)
     return batch.to(device)
 
 
+def _one_value(weights: torch.Tensor) -> float | None:
+    """The one nonzero value of the host's ``weights``, or None (several values, or none)."""
+    nonzero = weights[weights != 0]
+    if not nonzero.numel() or not bool((nonzero == nonzero[0]).all()):
+        return None
+    return float(nonzero[0])
+
+
 @contextmanager
-def _targets(head: LossHead | None, labels: torch.Tensor, weights: torch.Tensor) -> Iterator[None]:
+def _targets(head: LossHead | None, labels: torch.Tensor, weights: torch.Tensor,
+             uniform: float | None = None) -> Iterator[None]:
     if head is None:
         yield
         return
-    head.target = (labels, weights)
+    head.target = (labels, weights, uniform)
     try:
         yield
     finally:
@@ -71,7 +81,7 @@ def forward_loss(model: Any, batch: Packed, attend: Any, ckpt_layers: int = 0, h
     without bias computes the loss itself, in chunks (runtime/kernel/head_loss.LossHead): no [tokens, vocab] logits are
     held."""
     lm = loss_head(model) if head else None
-    with checkpointing(model, ckpt_layers), _targets(lm, batch.labels.clamp_min(0), batch.weights):
+    with checkpointing(model, ckpt_layers), _targets(lm, batch.labels.clamp_min(0), batch.weights, batch.uniform):
         out = forward_logits(model, batch.input_ids, batch.position_ids, attend, hidden=hidden)
     if not head or lm is not None:
         return out

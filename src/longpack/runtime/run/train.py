@@ -23,6 +23,7 @@ from ...planners.stream import PlanStream
 from ...runspec import load_workload, say
 from ..dist import DistContext, init_distributed
 from ..kernel.data import EpochSource, Source
+from ..kernel.head_loss import head_loss_name
 from ..kernel.kernels import KERNEL_NAMES, resolve
 from ..kernel.step import check_step
 from .accounting import data_report
@@ -143,10 +144,12 @@ def first_records(args: TrainArgs, world: int, device: str, stream: Any, source:
     soon as the rows are read and the first step planned): the resume (when resuming), the processes and their
     threads (``local``: processes on this machine, default LOCAL_WORLD_SIZE), the data line."""
     said = announce(resumed, args, world, stream)
+    on = torch.device(device)
     return [*([said] if said is not None else []),
             {"run": {"processes": world, "threads": threads_per_process(args, local), "device": device,
-                     "dtype": args.model.dtype, "head_loss": "longpack fused linear cross-entropy",
-                     "kernels": KERNEL_NAMES[resolve(args.model.kernels, torch.device(device))]}},
+                     "dtype": args.model.dtype,
+                     "head_loss": head_loss_name(on, DTYPES[args.model.dtype], args.optim.loss),
+                     "kernels": KERNEL_NAMES[resolve(args.model.kernels, on)]}},
             {"data": data_report(stream.plan, source)}]
 
 

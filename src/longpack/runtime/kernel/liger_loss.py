@@ -1,0 +1,66 @@
+"""Liger's fused linear cross-entropy (``liger_kernel``'s ``LigerFusedLinearCrossEntropyFunction``, Triton), run in
+place of longpack's own (runtime/kernel/head_loss.py) where it can give the same objective.
+
+Liger computes the head's gradient in its forward chunk loop, like longpack's loss, but only for a loss that is a
+sum (or mean) over targets: a per-token weight can enter only through its ``reduction="none"`` path, which
+recomputes the logits in backward (4 head products per token, not 3). So it runs where every target of the
+micro-batch has one weight ``u`` — the ``token_mean`` objective (runtime/kernel/loss.py) — as u · Σ CE with the
+untargeted positions given its ignore index; elsewhere (``sequence_mean``, a micro-batch without targets, float64,
+the host, fake tensors) longpack's loss runs. Liger accumulates dW in fp32 (``accum_dtype``) from inputs of the
+compute dtype, as longpack's loss does. Cost beside longpack's: Liger reads the target count back to the host in
+forward and compares the incoming gradient with 1 in backward — two host synchronisations per micro-batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+__all__ = ["liger_runs", "liger_cross_entropy", "liger_version", "IGNORE_INDEX"]
+
+IGNORE_INDEX = -100  # Liger's default: a position with no target
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@functools.cache
+def _function() -> Any | None:
+    """Liger's autograd function, or None where ``liger_kernel`` (with its ``accum_dtype`` argument) is absent."""
+    try:
+        from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction  # type: ignore[import-untyped]
+    except Exception:  # noqa: BLE001 - absent, or a Triton that cannot load: longpack's loss runs
+        return None
+    forward = inspect.signature(LigerFusedLinearCrossEntropyFunction.forward).parameters
+    return LigerFusedLinearCrossEntropyFunction if "accum_dtype" in forward else None
+
+
+def liger_version() -> str | None:
+    """The installed ``liger_kernel``'s version where its fused loss can run here, else None."""
+    if _function() is None:
+        return None
+    from importlib.metadata import version
+
+    return version("liger-kernel")
+
+
+def liger_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a uniformly weighted micro-batch's loss runs on Liger's kernel: a CUDA device, a dtype its kernels
+    take, and ``liger_kernel`` importable."""
+    return device.type == "cuda" and dtype in _DTYPES and _function() is not None
+
+
+def liger_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,
+                        uniform: float) -> torch.Tensor:
+    """Σ_t w_t · CE(h_t · Wᵀ, label_t) where every nonzero w_t equals ``uniform``: ``uniform`` · Liger's summed CE
+    over the positions with w_t ≠ 0 (wide scalar: fp32). ``h`` [T, hidden], ``weight`` [vocab, hidden]."""
+    function = _function()
+    if function is None:
+        raise RuntimeError("liger_kernel is not importable here: install it (pip install 'longpack[liger]')")
+    target = torch.where(w != 0, labels, torch.full_like(labels, IGNORE_INDEX))
+    wide = torch.promote_types(h.dtype, torch.float32)
+    # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
+    #  return_z_loss, accum_dtype): positional, as torch.autograd.Function.apply takes them
+    out = function.apply(h, weight, target, None, None, IGNORE_INDEX, 0.0, 0.0, "sum", None, False, wide)
+    return out[0].to(wide) * uniform

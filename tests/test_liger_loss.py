@@ -1,0 +1,107 @@
+"""Liger's fused linear cross-entropy in place of longpack's (runtime/kernel/liger_loss.py): where it runs, and that
+it gives the same objective and gradients — Liger's Triton kernels run here in Triton's interpreter
+(TRITON_INTERPRET=1, set by tests/conftest.py), the same kernel code a GPU compiles."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("liger_kernel")
+
+from longpack.runtime.kernel import head_loss  # noqa: E402
+from longpack.runtime.kernel.head_loss import head_cross_entropy, head_loss_name  # noqa: E402
+from longpack.runtime.kernel.liger_loss import liger_cross_entropy, liger_runs, liger_version  # noqa: E402
+
+CUDA = torch.device("cuda")
+
+
+def _case(tokens: int = 53, hidden: int = 16, vocab: int = 97, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=g, requires_grad=True)
+    weight = torch.randn(vocab, hidden, generator=g, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,), generator=g)
+    w = torch.full((tokens,), 1 / 41, dtype=torch.float64)
+    w[::4] = 0.0  # positions without a target (prompt tokens, a document's last token)
+    return h, weight, labels, w
+
+
+def _grads(loss: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return torch.autograd.grad(loss * 0.37, [h, weight])  # an incoming gradient other than 1
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_parity_liger_head_loss_equals_whole_logits_and_longpack():
+    """float32: Liger's uniform-weight loss and gradients equal F.cross_entropy over whole logits and longpack's
+    chunked loss within 1e-6 relative."""
+    h, weight, labels, w = _case()
+    whole = (torch.nn.functional.cross_entropy(h @ weight.T, labels, reduction="none") * w.float()).sum()
+    ours = head_cross_entropy(h, weight, labels, w, chunk=16)
+    liger = liger_cross_entropy(h, weight, labels, w, 1 / 41)
+    assert liger.dtype == torch.float32
+    for out in (ours, liger):
+        assert abs(float((out - whole).detach())) <= 1e-6 * abs(float(whole.detach()))
+    expected = _grads(whole, h, weight)
+    for got in (_grads(ours, h, weight), _grads(liger, h, weight)):
+        for g, e in zip(got, expected, strict=True):
+            assert _close(g, e) <= 1e-6
+
+
+def test_liger_runs_only_where_it_gives_the_objective(monkeypatch):
+    """Liger on CUDA in bf16/fp16/fp32 with token_mean; longpack's loss on the host, in float64, for sequence_mean
+    and for a micro-batch whose weights differ (no one value to hand Liger)."""
+    assert liger_runs(CUDA, torch.bfloat16) and liger_runs(CUDA, torch.float32)
+    assert not liger_runs(CUDA, torch.float64) and not liger_runs(torch.device("cpu"), torch.float32)
+    assert head_loss_name(CUDA, torch.bfloat16, "token_mean") == \
+        f"Liger fused linear cross-entropy (liger_kernel {liger_version()})"
+    for device, dtype, mode in ((CUDA, torch.bfloat16, "sequence_mean"), (CUDA, torch.float64, "token_mean"),
+                                (torch.device("cpu"), torch.float32, "token_mean")):
+        assert head_loss_name(device, dtype, mode) == "longpack fused linear cross-entropy"
+    calls: list[float] = []
+
+    def spy(h, weight, labels, w, uniform):  # noqa: ANN001, ANN202 - the real kernel, counted
+        calls.append(uniform)
+        return liger_cross_entropy(h, weight, labels, w, uniform)
+
+    monkeypatch.setattr(head_loss, "liger_runs", lambda device, dtype: True)  # the host as if it were a GPU
+    monkeypatch.setattr(head_loss, "liger_cross_entropy", spy)
+    h, weight, labels, w = _case(seed=1)
+    head_cross_entropy(h, weight, labels, w, uniform=None)
+    assert calls == []
+    out = head_cross_entropy(h, weight, labels, w, uniform=1 / 41)
+    assert calls == [1 / 41]
+    ours = head_cross_entropy(h, weight, labels, w, chunk=16)
+    assert abs(float((out - ours).detach())) <= 1e-6 * abs(float(out.detach()))
+
+
+def test_parity_liger_micro_batch_through_the_runner(monkeypatch):
+    """A packed micro-batch of the engine under token_mean: the runner finds its one weight on the host and the
+    head hands it to Liger, once per micro-batch; loss and every parameter's gradient equal the longpack loss's
+    within 1e-5 relative."""
+    from dist_workers import SPEC, make_model, make_plan
+
+    from longpack.runtime.kernel.data import SyntheticCorpus
+    from longpack.runtime.kernel.step import run_micro_batches
+
+    plan = make_plan("isf", 1)
+    mbs = plan.steps[0].replicas[0].micro_batches
+    runs = {}
+    for liger in (False, True):
+        calls: list[float] = []
+
+        def spy(h, weight, labels, w, uniform, calls=calls):  # noqa: ANN001, ANN202
+            calls.append(uniform)
+            return liger_cross_entropy(h, weight, labels, w, uniform)
+
+        monkeypatch.setattr(head_loss, "liger_runs", lambda device, dtype, on=liger: on)
+        monkeypatch.setattr(head_loss, "liger_cross_entropy", spy)
+        model = make_model()
+        loss, _, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0))
+        runs[liger] = (float(loss), [p.grad.clone() for p in model.parameters()], calls)
+    assert runs[False][2] == [] and len(runs[True][2]) == len(mbs) and len(set(runs[True][2])) == 1
+    assert abs(runs[True][0] - runs[False][0]) <= 1e-5 * abs(runs[False][0])
+    for g, e in zip(runs[True][1], runs[False][1], strict=True):
+        assert _close(g, e) <= 1e-5
