@@ -29,11 +29,12 @@ __all__ = ["PlanAhead"]
 
 class PlanAhead:
     """Steps of ``stream`` planned on a thread, ``depth`` ahead of :meth:`wait` (see the module docstring);
-    ``check(plan, s)`` runs on each step as it is planned."""
+    ``check(plan, s)`` runs on each step as it is planned; ``upto``: plan only the first ``upto`` steps."""
 
-    def __init__(self, stream: PlanStream, depth: int = 4, check: Callable[[Plan, int], None] | None = None
-                 ) -> None:
+    def __init__(self, stream: PlanStream, depth: int = 4, check: Callable[[Plan, int], None] | None = None,
+                 upto: int | None = None) -> None:
         self.stream, self.plan = stream, stream.plan
+        self._end = len(stream) if upto is None else min(upto, len(stream))  # steps to plan: the first ``upto``
         self.planning_seconds = 0.0  # the planner's own time, every step planned so far
         self._check, self._ready, self._stop = check, stream.start, threading.Event()
         self._failed: tuple[int, BaseException] | None = None
@@ -49,7 +50,7 @@ class PlanAhead:
         return len(self.stream)
 
     def _work(self) -> None:
-        for s in range(self.stream.start, len(self.stream)):
+        for s in range(self.stream.start, self._end):
             t0 = time.perf_counter()
             try:
                 if s >= self.stream.made:  # a stream handed over part-planned (the launcher's) goes on from there

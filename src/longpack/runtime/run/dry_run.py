@@ -20,8 +20,9 @@ The prediction is the simulator's peak for the rank in that step (sim/memory.py:
 activations, what unfinished chunk chains keep and their K/V store) as allocated: without the fragmentation margin
 and reserve the planner sizes its token caps with.
 
-Cost: per rank and step, a few Python calls per operator of its passes (a pass costs the same at any length:
-nothing scales with the tokens but the head's chunks); seconds for a small model, minutes a rank for a 7B or 72B.
+Cost: the plan's first ``steps`` steps only (the run's own: a step is a pure function of its batch and the seed),
+then per rank and step a few Python calls per operator of its passes (a pass costs the same at any length: nothing
+scales with the tokens but the head's chunks); seconds for a small model, tens of seconds a rank for a 7B or 72B.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def dry_run(args: TrainArgs, world: int, steps: int = 2, ranks: str = "all", fil
     _quiet_torch_tools()
     spec = model_spec(args)
     source = load_source(args, spec.vocab)
-    plan, cost = build_plan(args, world, source=source, spec=spec)
+    plan, cost = build_plan(args, world, source=source, spec=spec, steps=steps)  # only the steps it plays
     # the prediction of what is allocated (as the tracker counts, and CUDA's max_memory_allocated): without the
     # fragmentation margin the planner sizes caps with; the capacity is the device's whole memory
     cost = type(cost)(cost.model, replace(cost.hw, fragmentation=1.0),

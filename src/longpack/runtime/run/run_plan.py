@@ -115,12 +115,14 @@ def plan_stream(args: TrainArgs, world: int, source: Source | None = None, spec:
 
 
 def build_plan(args: TrainArgs, world: int, source: Source | None = None, spec: ModelSpec | None = None,
-               note: Any = say) -> tuple[Plan, CostModel]:
-    """The whole plan (:func:`plan_stream` planned up front, every step checked runnable) and its cost model."""
+               note: Any = say, steps: int | None = None) -> tuple[Plan, CostModel]:
+    """The whole plan (:func:`plan_stream` planned up front, every step checked runnable) and its cost model;
+    ``steps``: its first ``steps`` steps only (the same steps: each is a pure function of its batch and the seed)."""
     stream, cost = plan_stream(args, world, source, spec, note)
-    ahead = PlanAhead(stream, 0, check=check_step)
-    if len(ahead):
-        ahead.wait(len(ahead) - 1)  # raises the first step that failed
+    ahead = PlanAhead(stream, 0, check=check_step, upto=steps)
+    last = len(ahead) if steps is None else min(steps, len(ahead))
+    if last:
+        ahead.wait(last - 1)  # raises the first step that failed
     return replace(stream.plan, steps=tuple(stream.plan.steps)), cost
 
 
