@@ -10,8 +10,9 @@
 #   DRYRUN=1 bench/gpu.sh          # the same driver on the CPU, tiny shapes: checks the script end to end
 #   WRITE=1 bench/gpu.sh           # also write the tables into docs/BENCHMARKS.md
 #
-# Wheels the GPU image lacks (liger-kernel, trl) are used when importable: ship them beside the tree and
-# `pip install --no-deps` them first (their arms are skipped and said otherwise).
+# Wheels the GPU image lacks (datasets, trl, liger-kernel): bench/gpu_wheels.sh puts them in bench/wheels here
+# (git-ignored: name bench/wheels in the device call's carry); this script installs them with --no-deps first. The
+# Liger and TRL arms are skipped and said where their package is missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
