@@ -190,12 +190,12 @@ def _counting(base: type) -> type:
 
 
 def longpack_arm(planner: str, ckpt: Path, rows_path: Path, cap: int, steps: int, batch: int, gpu: bool,
-                 max_len: int, profile: Path | None = None) -> dict[str, Any]:
+                 max_len: int, profile: Path | None = None, head_loss: str = "auto") -> dict[str, Any]:
     """`longpack train` in this process (module docstring); ``profile``: a torch.profiler trace of its steps."""
     import torch.distributed as dist
 
     from longpack import jobs
-    from longpack.runtime.kernel.head_loss import head_loss_name
+    from longpack.runtime.kernel.head_loss import head_loss_name, resolve_head_loss
     from longpack.runtime.run.train import train
     from longpack.runtime.run.train_args import TrainArgs
 
@@ -203,7 +203,7 @@ def longpack_arm(planner: str, ckpt: Path, rows_path: Path, cap: int, steps: int
                        token_cap=cap, max_len=max_len, seed=0)
     args = TrainArgs.of(planner=planner, run=run, data=str(rows_path), model_path=str(ckpt), lr=1e-4,
                      dtype="bfloat16" if gpu else "float32", plan_ahead=4, timeout=300.0,
-                     kernels="compile")  # as --kernels auto on CUDA; on the dry run, the same compiled path
+                     kernels="compile", head_loss=head_loss)  # compile: as auto on CUDA; on the dry run too
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     if profile is None:
@@ -226,8 +226,8 @@ def longpack_arm(planner: str, ckpt: Path, rows_path: Path, cap: int, steps: int
                                                        if k not in ("imports", "first_step", "total")),
             "peak_gib": max(s["measured_gib"] for s in steps_out),
             "predicted_gib": max(s["predicted_gib"] for s in steps_out),
-            "head_loss": head_loss_name(torch.device("cuda" if gpu else "cpu"),
-                                        torch.bfloat16 if gpu else torch.float32, "token_mean")}
+            "head_loss": head_loss_name(resolve_head_loss(head_loss, torch.device("cuda" if gpu else "cpu"),
+                                                          torch.bfloat16 if gpu else torch.float32, "token_mean"))}
 
 
 CATEGORIES = (("communication", ("nccl", "allreduce", "all_gather", "reduce_scatter")),

@@ -18,9 +18,11 @@ cd "$(dirname "$0")/.."
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 OUT=${OUT:-$(mktemp -d)}
 "$PY" -c "import longpack" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # not installed
-for wheel in bench/wheels/*.whl; do  # shipped beside the tree for a machine without them
-    [ -e "$wheel" ] && "$PY" -m pip install --quiet --no-deps "$wheel"
-done
+if [ "${DRYRUN:-0}" != "1" ]; then  # the GPU machine's image: the wheels it lacks, shipped beside the tree
+    for wheel in bench/wheels/*.whl; do
+        [ -e "$wheel" ] && "$PY" -m pip install --quiet --no-deps "$wheel"
+    done
+fi
 ARGS=("$OUT" --budget "${BUDGET_S:-540}")
 [ "${DRYRUN:-0}" = "1" ] && ARGS+=(--dry-run)
 [ "${WRITE:-0}" = "1" ] && ARGS+=(--write)

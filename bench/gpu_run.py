@@ -6,7 +6,8 @@ Imports, CUDA and the rows are made once; each model's random-init checkpoint is
 starts from it. The arms (bench/_gpu_arms.py), headline first — for each model (a Qwen2.5-0.5B shape, then a
 Qwen2.5-1.5B shape) and each row set (lmsys-chat-1m lengths, then a long-tailed set up to 32K tokens):
 `longpack train` unified · Trainer + DataCollatorWithFlattening on the same varlen kernel · the same with Liger's
-kernels · TRL SFTTrainer padding-free BFD · `longpack train` random_padded. Every arm's figures go to
+kernels · TRL SFTTrainer padding-free BFD · `longpack train` random_padded; last, if time is left and Liger's loss
+ran in the headline arm, that arm with `--head-loss longpack` (first model and rows). Every arm's figures go to
 OUT/arms.jsonl the moment it ends. Before each arm its expected seconds (its steps at the arm's expected rate,
 plus its start-up) are checked against the deadline; an arm that would not fit is skipped and said. Then a
 torch.profiler table of two longpack steps (device seconds by kind: matmul, attention, elementwise, loss,
@@ -33,10 +34,11 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 ARMS = ("longpack", "hf_flatten", "hf_liger", "trl_bfd", "longpack_padded")
+OWN_LOSS = "longpack_own_loss"  # the headline arm with --head-loss longpack, last: where Liger's loss ran in it
 # tokens per second each arm is expected to reach on an H100 at 0.5B (lmsys; from the first GPU run, scaled for
 # the HF arms' unfused loss), used only to decide whether an arm fits in the time left
 EXPECTED_RATE = {"longpack": 40_000, "hf_flatten": 25_000, "hf_liger": 35_000, "trl_bfd": 25_000,
-                 "longpack_padded": 12_000}
+                 "longpack_padded": 12_000, OWN_LOSS: 40_000}
 
 
 def model_flops(spec, docs: list[int]) -> float:  # noqa: ANN001
@@ -145,7 +147,8 @@ def main() -> None:
     (args.out / "env.json").write_text(json.dumps(env))
     register_kernel()
     have = {"hf_liger": _imports("liger_kernel") and gpu, "trl_bfd": _imports("trl")}  # Liger: Triton on CUDA
-    schedule = [(s, a) for s in setups(args.dry_run) for a in ARMS]
+    have[OWN_LOSS] = have["hf_liger"]  # else the headline arm ran longpack's own loss already
+    schedule = [(s, a) for s in setups(args.dry_run) for a in ARMS] + [(setups(args.dry_run)[0], OWN_LOSS)]
     print(f"gpu_run: {name}; budget {args.budget:.0f} s; {len(schedule)} arms; "
           f"liger {'yes' if have['hf_liger'] else 'absent' if gpu else 'not on the CPU'}, "
           f"trl {'yes' if have['trl_bfd'] else 'absent'}", flush=True)
@@ -164,13 +167,16 @@ def main() -> None:
         if arm in have and not have[arm]:
             line["skipped"] = ("trl is not installed" if arm == "trl_bfd" else "liger_kernel is not installed"
                                if gpu else "Liger's Triton kernels need a CUDA GPU")
+            if arm == OWN_LOSS:
+                line["skipped"] += ": the longpack arm ran longpack's own loss"
         elif need > left:
             line["skipped"] = f"expected {need:.0f} s, {left:.0f} s left"
         else:
             try:
                 if arm.startswith("longpack"):
-                    res = longpack_arm("unified" if arm == "longpack" else "random_padded", ckpt, rows_path,
-                                       setup["cap"], setup["steps"], setup["batch"], gpu, setup["max_len"])
+                    res = longpack_arm("random_padded" if arm == "longpack_padded" else "unified", ckpt, rows_path,
+                                       setup["cap"], setup["steps"], setup["batch"], gpu, setup["max_len"],
+                                       head_loss="longpack" if arm == OWN_LOSS else "auto")
                 else:
                     res = hf_arm(arm, ckpt, rows, setup["cap"], setup["steps"], setup["batch"], gpu,
                                  setup["ckpt_above"])
@@ -289,7 +295,8 @@ def render(out: Path, env: dict) -> str:
         pred = f" ({x['predicted_gib']:.1f})" if x.get("predicted_gib") else ""
         peak = f"{x['peak_gib']:.1f}{pred}" if x.get("peak_gib") is not None else "—"
         loss = f"{x['final_loss']:.4f}" if x.get("final_loss") is not None else "—"
-        lines.append(f"| {x['model']} | {x['rows']} | {x['arm']} | {x['tokens_per_s']:,.0f} | {x['tflops']:.1f} | "
+        arm = x["arm"] + (f" ({x['head_loss'].split()[0]} loss)" if "head_loss" in x else "")
+        lines.append(f"| {x['model']} | {x['rows']} | {arm} | {x['tokens_per_s']:,.0f} | {x['tflops']:.1f} | "
                      f"{mfu} | {peak} | {loss} | {x['startup_s']:.1f} |")
     prof = out / "profile.json"
     if prof.exists():

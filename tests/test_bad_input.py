@@ -87,6 +87,7 @@ def _cli(*args):
       "--opt", "rollback=longest"], "unified takes"),
     (["compare", "--workload", "tiny-longtail", "--steps", "2", "--micro-batch-size", "-1"], "--micro-batch-size"),
     (["train", "--max-len", "0", "--steps", "1"], "--max-len"),
+    (["train", "--steps", "1", "--head-loss", "liger"], "--head-loss liger: Liger's Triton kernels run on CUDA"),
 ])
 def test_bad_input_one_line_exit_2(args, says):
     proc = _cli(*args)

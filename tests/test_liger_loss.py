@@ -10,7 +10,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("liger_kernel")
 
 from longpack.runtime.kernel import head_loss  # noqa: E402
-from longpack.runtime.kernel.head_loss import head_cross_entropy, head_loss_name  # noqa: E402
+from longpack.runtime.kernel.head_loss import (  # noqa: E402
+    head_cross_entropy,
+    head_loss_name,
+    resolve_head_loss,
+    set_head_loss,
+)
 from longpack.runtime.kernel.liger_loss import liger_cross_entropy, liger_runs, liger_version  # noqa: E402
 
 CUDA = torch.device("cuda")
@@ -51,15 +56,24 @@ def test_parity_liger_head_loss_equals_whole_logits_and_longpack():
 
 
 def test_liger_runs_only_where_it_gives_the_objective(monkeypatch):
-    """Liger on CUDA in bf16/fp16/fp32 with token_mean; longpack's loss on the host, in float64, for sequence_mean
-    and for a micro-batch whose weights differ (no one value to hand Liger)."""
+    """--head-loss auto: Liger on CUDA in bf16/fp16/fp32 with token_mean; longpack's loss on the host, in float64,
+    for sequence_mean, and for a micro-batch whose weights differ (no one value to hand Liger). --head-loss liger
+    where it cannot run: refused, saying why; longpack: longpack's even where Liger could run."""
     assert liger_runs(CUDA, torch.bfloat16) and liger_runs(CUDA, torch.float32)
     assert not liger_runs(CUDA, torch.float64) and not liger_runs(torch.device("cpu"), torch.float32)
-    assert head_loss_name(CUDA, torch.bfloat16, "token_mean") == \
-        f"Liger fused linear cross-entropy (liger_kernel {liger_version()})"
-    for device, dtype, mode in ((CUDA, torch.bfloat16, "sequence_mean"), (CUDA, torch.float64, "token_mean"),
-                                (torch.device("cpu"), torch.float32, "token_mean")):
-        assert head_loss_name(device, dtype, mode) == "longpack fused linear cross-entropy"
+    for kind in ("auto", "liger"):
+        assert resolve_head_loss(kind, CUDA, torch.bfloat16, "token_mean") == "liger"
+    assert resolve_head_loss("longpack", CUDA, torch.bfloat16, "token_mean") == "longpack"
+    assert head_loss_name("liger") == f"Liger fused linear cross-entropy (liger_kernel {liger_version()})"
+    assert head_loss_name("longpack") == "longpack fused linear cross-entropy"
+    for device, dtype, mode, why in ((CUDA, torch.bfloat16, "sequence_mean", "--loss sequence_mean weighs"),
+                                     (CUDA, torch.float64, "token_mean", "not float64"),
+                                     (torch.device("cpu"), torch.float32, "token_mean", "this run on cpu")):
+        assert resolve_head_loss("auto", device, dtype, mode) == "longpack"
+        with pytest.raises(ValueError, match=f"--head-loss liger: .*{why}.*; use --head-loss auto or longpack"):
+            resolve_head_loss("liger", device, dtype, mode)
+    with pytest.raises(ValueError, match="--head-loss 'fast': choose one of auto, longpack, liger"):
+        resolve_head_loss("fast", CUDA, torch.bfloat16, "token_mean")
     calls: list[float] = []
 
     def spy(h, weight, labels, w, uniform):  # noqa: ANN001, ANN202 - the real kernel, counted
@@ -80,7 +94,7 @@ def test_liger_runs_only_where_it_gives_the_objective(monkeypatch):
 def test_parity_liger_micro_batch_through_the_runner(monkeypatch):
     """A packed micro-batch of the engine under token_mean: the runner finds its one weight on the host and the
     head hands it to Liger, once per micro-batch; loss and every parameter's gradient equal the longpack loss's
-    within 1e-5 relative."""
+    within 1e-5 relative. A head set to longpack's loss (--head-loss longpack) never calls Liger."""
     from dist_workers import SPEC, make_model, make_plan
 
     from longpack.runtime.kernel.data import SyntheticCorpus
@@ -89,19 +103,23 @@ def test_parity_liger_micro_batch_through_the_runner(monkeypatch):
     plan = make_plan("isf", 1)
     mbs = plan.steps[0].replicas[0].micro_batches
     runs = {}
-    for liger in (False, True):
+    for liger in (False, True, "set longpack"):
         calls: list[float] = []
 
         def spy(h, weight, labels, w, uniform, calls=calls):  # noqa: ANN001, ANN202
             calls.append(uniform)
             return liger_cross_entropy(h, weight, labels, w, uniform)
 
-        monkeypatch.setattr(head_loss, "liger_runs", lambda device, dtype, on=liger: on)
+        monkeypatch.setattr(head_loss, "liger_runs", lambda device, dtype, on=bool(liger): on)
         monkeypatch.setattr(head_loss, "liger_cross_entropy", spy)
         model = make_model()
+        if liger == "set longpack":
+            set_head_loss(model, "longpack")
         loss, _, _ = run_micro_batches(model, plan, 0, mbs, SyntheticCorpus(SPEC.vocab, seed=0))
         runs[liger] = (float(loss), [p.grad.clone() for p in model.parameters()], calls)
-    assert runs[False][2] == [] and len(runs[True][2]) == len(mbs) and len(set(runs[True][2])) == 1
+    assert runs[False][2] == runs["set longpack"][2] == []
+    assert len(runs[True][2]) == len(mbs) and len(set(runs[True][2])) == 1
+    assert runs["set longpack"][0] == runs[False][0]
     assert abs(runs[True][0] - runs[False][0]) <= 1e-5 * abs(runs[False][0])
     for g, e in zip(runs[True][1], runs[False][1], strict=True):
         assert _close(g, e) <= 1e-5

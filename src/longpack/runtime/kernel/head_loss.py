@@ -20,19 +20,40 @@ from __future__ import annotations
 import torch
 
 from ...cost import RUNTIME_HEAD_CHUNK_BYTES
-from .liger_loss import liger_cross_entropy, liger_runs, liger_version
+from .liger_loss import liger_cross_entropy, liger_refusal, liger_runs, liger_version
+from .names import check_head_loss
 
-__all__ = ["head_cross_entropy", "chunk_tokens", "CHUNK_BYTES", "LossHead", "loss_head", "head_loss_name"]
+__all__ = ["head_cross_entropy", "chunk_tokens", "CHUNK_BYTES", "LossHead", "loss_head", "head_loss_name",
+           "resolve_head_loss", "set_head_loss"]
 
 CHUNK_BYTES = RUNTIME_HEAD_CHUNK_BYTES
 
 
-def head_loss_name(device: torch.device, dtype: torch.dtype, loss_mode: str) -> str:
-    """Which fused loss a run's micro-batches use (as its first line says): Liger's where it can run the
-    objective (``token_mean``, CUDA, ``liger_kernel`` installed: runtime/kernel/liger_loss.py), else longpack's."""
-    if loss_mode == "token_mean" and liger_runs(device, dtype):
+def resolve_head_loss(kind: str, device: torch.device, dtype: torch.dtype, loss_mode: str) -> str:
+    """The fused loss ``--head-loss kind`` runs, ``liger`` or ``longpack``: ``auto`` is Liger's where it can run the
+    objective (CUDA, ``--loss token_mean``, ``liger_kernel`` installed: runtime/kernel/liger_loss.py), else
+    longpack's; ``liger`` where it cannot is refused by a ValueError saying why."""
+    check_head_loss(kind)
+    if kind == "longpack":
+        return kind
+    why = liger_refusal(device, dtype, loss_mode)
+    if why is not None and kind == "liger":
+        raise ValueError(f"--head-loss liger: {why}; use --head-loss auto or longpack")
+    return "longpack" if why is not None else "liger"
+
+
+def head_loss_name(resolved: str) -> str:
+    """The run's first line's name for a :func:`resolve_head_loss` d loss."""
+    if resolved == "liger":
         return f"Liger fused linear cross-entropy (liger_kernel {liger_version()})"
     return "longpack fused linear cross-entropy"
+
+
+def set_head_loss(model: torch.nn.Module, resolved: str) -> None:
+    """Make ``model``'s head (:func:`loss_head`) run the :func:`resolve_head_loss` d loss."""
+    head = loss_head(model)
+    if head is not None:
+        head.liger = resolved == "liger"
 
 
 def chunk_tokens(vocab: int) -> int:
@@ -169,13 +190,15 @@ class LossHead(torch.nn.Linear):
     target it is the plain linear layer."""
 
     target: tuple[torch.Tensor, torch.Tensor, float | None] | None = None
+    liger = True  # Liger's kernel where it runs (:func:`set_head_loss`: --head-loss)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.target is None:
             return super().forward(h)
         labels, w, uniform = self.target
         with torch.autocast(h.device.type, enabled=False):
-            return head_cross_entropy(h[0].to(self.weight.dtype), self.weight, labels, w, uniform=uniform).reshape(1)
+            return head_cross_entropy(h[0].to(self.weight.dtype), self.weight, labels, w,
+                                      uniform=uniform if self.liger else None).reshape(1)
 
 
 def loss_head(model: torch.nn.Module) -> LossHead | None:

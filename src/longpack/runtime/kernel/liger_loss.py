@@ -6,9 +6,10 @@ sum (or mean) over targets: a per-token weight can enter only through its ``redu
 recomputes the logits in backward (4 head products per token, not 3). So it runs where every target of the
 micro-batch has one weight ``u`` — the ``token_mean`` objective (runtime/kernel/loss.py) — as u · Σ CE with the
 untargeted positions given its ignore index; elsewhere (``sequence_mean``, a micro-batch without targets, float64,
-the host, fake tensors) longpack's loss runs. Liger accumulates dW in fp32 (``accum_dtype``) from inputs of the
-compute dtype, as longpack's loss does. Cost beside longpack's: Liger reads the target count back to the host in
-forward and compares the incoming gradient with 1 in backward — two host synchronisations per micro-batch.
+the host, fake tensors) longpack's loss runs; ``--head-loss`` chooses (head_loss.resolve_head_loss). Liger
+accumulates dW in fp32 (``accum_dtype``) from inputs of the compute dtype, as longpack's loss does. Cost beside
+longpack's: Liger reads the target count back to the host in forward and compares the incoming gradient with 1 in
+backward — two host synchronisations per micro-batch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["liger_runs", "liger_cross_entropy", "liger_version", "IGNORE_INDEX"]
+__all__ = ["liger_runs", "liger_refusal", "liger_cross_entropy", "liger_version", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100  # Liger's default: a position with no target
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -49,6 +50,20 @@ def liger_runs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a uniformly weighted micro-batch's loss runs on Liger's kernel: a CUDA device, a dtype its kernels
     take, and ``liger_kernel`` importable."""
     return device.type == "cuda" and dtype in _DTYPES and _function() is not None
+
+
+def liger_refusal(device: torch.device, dtype: torch.dtype, loss_mode: str) -> str | None:
+    """Why a run on ``device`` in ``dtype`` with ``--loss loss_mode`` cannot use Liger's loss, or None."""
+    if device.type != "cuda":
+        return f"Liger's Triton kernels run on CUDA, this run on {device.type}"
+    if dtype not in _DTYPES:
+        return f"Liger's kernels take bfloat16, float16 or float32, not {str(dtype).removeprefix('torch.')}"
+    if loss_mode != "token_mean":
+        return (f"--loss {loss_mode} weighs each sample's targets apart, and Liger gives a per-token weight only by "
+                "recomputing the logits in backward; it runs --loss token_mean")
+    if _function() is None:
+        return "liger_kernel is not installed here (pip install 'longpack[liger]')"
+    return None
 
 
 def liger_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,

@@ -15,6 +15,7 @@ from ...model import ModelSpec
 from ...plan import Plan
 from ..dist import DistContext
 from ..kernel.data import PlanSampler
+from ..kernel.head_loss import resolve_head_loss, set_head_loss
 from ..kernel.kernels import apply_kernels, resolve
 from ..kernel.step_fn import StepRunner
 from .ahead import PlanAhead
@@ -53,6 +54,8 @@ def build_parts(args: TrainArgs, ctx: DistContext, spec: ModelSpec, ahead: PlanA
     pipe = _pipeline(args, spec, ctx, cost)
     model = _model(args, spec, ctx, ahead.plan, clock, pipe.stage if pipe else 0)
     apply_kernels(model, resolve(args.model.kernels, ctx.device))
+    set_head_loss(model, resolve_head_loss(args.model.head_loss, ctx.device, DTYPES[args.model.dtype],
+                                           args.optim.loss))
     if pipe is not None:
         pipe.model = model
     o = args.optim

@@ -23,7 +23,7 @@ from ...planners.stream import PlanStream
 from ...runspec import load_workload, say
 from ..dist import DistContext, init_distributed
 from ..kernel.data import EpochSource, Source
-from ..kernel.head_loss import head_loss_name
+from ..kernel.head_loss import head_loss_name, resolve_head_loss
 from ..kernel.kernels import KERNEL_NAMES, resolve
 from ..kernel.step import check_step
 from .accounting import data_report
@@ -148,7 +148,8 @@ def first_records(args: TrainArgs, world: int, device: str, stream: Any, source:
     return [*([said] if said is not None else []),
             {"run": {"processes": world, "threads": threads_per_process(args, local), "device": device,
                      "dtype": args.model.dtype,
-                     "head_loss": head_loss_name(on, DTYPES[args.model.dtype], args.optim.loss),
+                     "head_loss": head_loss_name(resolve_head_loss(args.model.head_loss, on,
+                                                                   DTYPES[args.model.dtype], args.optim.loss)),
                      "kernels": KERNEL_NAMES[resolve(args.model.kernels, on)]}},
             {"data": data_report(stream.plan, source)}]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ...runspec import RunSpec
-from ..kernel.names import LOSS_MODES, check_kernels
+from ..kernel.names import LOSS_MODES, check_head_loss, check_kernels
 
 __all__ = ["DTYPE_NAMES", "LOSS_MODES", "SHARDS", "ModelArgs", "DataArgs", "OptimArgs", "ParallelArgs", "OutputArgs",
            "TrainArgs", "GROUPS", "check_layout", "opt"]
@@ -38,11 +38,15 @@ class ModelArgs:
     dtype: str = opt("float32", "float32, float64 or bfloat16.")
     kernels: str = opt("auto", "A decoder layer's kernels: compile (torch.compile of its norms and MLP), eager, or "
                                "auto (compile on CUDA, eager elsewhere).")
+    head_loss: str = opt("auto", "The LM head's fused linear cross-entropy: liger (Liger's kernel: CUDA, "
+                                 "liger_kernel installed, --loss token_mean), longpack, or auto (liger where it "
+                                 "can run, else longpack).")
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"--dtype {self.dtype!r}: choose float32, float64 or bfloat16")
         check_kernels(self.kernels)
+        check_head_loss(self.head_loss)
 
 
 @dataclass(frozen=True, kw_only=True)
