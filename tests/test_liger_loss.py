@@ -45,7 +45,7 @@ def test_parity_liger_head_loss_equals_whole_logits_and_longpack():
     h, weight, labels, w = _case()
     whole = (torch.nn.functional.cross_entropy(h @ weight.T, labels, reduction="none") * w.float()).sum()
     ours = head_cross_entropy(h, weight, labels, w, chunk=16)
-    liger = liger_cross_entropy(h, weight, labels, w, 1 / 41)
+    liger = liger_cross_entropy(h, weight, labels, w, 1 / 41, chunk_bytes=16 * 97 * 4)
     assert liger.dtype == torch.float32
     for out in (ours, liger):
         assert abs(float((out - whole).detach())) <= 1e-6 * abs(float(whole.detach()))
@@ -76,9 +76,9 @@ def test_liger_runs_only_where_it_gives_the_objective(monkeypatch):
         resolve_head_loss("fast", CUDA, torch.bfloat16, "token_mean")
     calls: list[float] = []
 
-    def spy(h, weight, labels, w, uniform):  # noqa: ANN001, ANN202 - the real kernel, counted
+    def spy(h, weight, labels, w, uniform, chunk_bytes):  # noqa: ANN001, ANN202 - the real kernel, counted
         calls.append(uniform)
-        return liger_cross_entropy(h, weight, labels, w, uniform)
+        return liger_cross_entropy(h, weight, labels, w, uniform, chunk_bytes)
 
     monkeypatch.setattr(head_loss, "liger_runs", lambda device, dtype: True)  # the host as if it were a GPU
     monkeypatch.setattr(head_loss, "liger_cross_entropy", spy)
@@ -106,9 +106,9 @@ def test_parity_liger_micro_batch_through_the_runner(monkeypatch):
     for liger in (False, True, "set longpack"):
         calls: list[float] = []
 
-        def spy(h, weight, labels, w, uniform, calls=calls):  # noqa: ANN001, ANN202
+        def spy(h, weight, labels, w, uniform, chunk_bytes, calls=calls):  # noqa: ANN001, ANN202
             calls.append(uniform)
-            return liger_cross_entropy(h, weight, labels, w, uniform)
+            return liger_cross_entropy(h, weight, labels, w, uniform, chunk_bytes)
 
         monkeypatch.setattr(head_loss, "liger_runs", lambda device, dtype, on=bool(liger): on)
         monkeypatch.setattr(head_loss, "liger_cross_entropy", spy)
@@ -123,3 +123,31 @@ def test_parity_liger_micro_batch_through_the_runner(monkeypatch):
     assert abs(runs[True][0] - runs[False][0]) <= 1e-5 * abs(runs[False][0])
     for g, e in zip(runs[True][1], runs[False][1], strict=True):
         assert _close(g, e) <= 1e-5
+
+
+def test_liger_chunks_follow_longpacks_memory_budget():
+    """Liger's chunks are the largest power of two of tokens whose logits fit longpack's chunk budget (its default
+    would be 8 tokens here: logits bounded to tokens × hidden): 128-token chunks for a 128-token budget, 3 logits
+    products for 300 tokens, and the loss unchanged."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from longpack.runtime.kernel.liger_loss import mem_const
+
+    class Logits(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[int] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.startswith("mm") and out.shape[-1] == 1000:
+                self.rows.append(out.shape[0])
+            return out
+
+    h, weight, labels, w = _case(tokens=300, hidden=16, vocab=1000, seed=2)
+    assert mem_const(300, 16, 1000, 128) == 20 and mem_const(300, 16, 1000, 100_000) == 63
+    whole = (torch.nn.functional.cross_entropy(h @ weight.T, labels, reduction="none") * w.float()).sum()
+    with Logits() as seen:
+        out = liger_cross_entropy(h, weight, labels, w, 1 / 41, chunk_bytes=128 * 1000 * 4)
+    assert seen.rows == [128, 128, 44]
+    assert abs(float((out - whole).detach())) <= 1e-6 * abs(float(whole.detach()))

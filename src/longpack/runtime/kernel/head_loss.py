@@ -177,7 +177,7 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
     ``uniform``: the one value of every nonzero w_t, when they share one — then Liger's kernel runs where it can
     (runtime/kernel/liger_loss.py)."""
     if uniform is not None and not _fake(h) and liger_runs(h.device, h.dtype):
-        return liger_cross_entropy(h, weight, labels, w, uniform)
+        return liger_cross_entropy(h, weight, labels, w, uniform, CHUNK_BYTES)
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)  # none to make in evaluation
     return _FusedLinearCrossEntropy.apply(h, weight, labels, w, chunk or chunk_tokens(weight.shape[0]), grads)
 

@@ -7,7 +7,10 @@ recomputes the logits in backward (4 head products per token, not 3). So it runs
 micro-batch has one weight ``u`` — the ``token_mean`` objective (runtime/kernel/loss.py) — as u · Σ CE with the
 untargeted positions given its ignore index; elsewhere (``sequence_mean``, a micro-batch without targets, float64,
 the host, fake tensors) longpack's loss runs; ``--head-loss`` chooses (head_loss.resolve_head_loss). Liger
-accumulates dW in fp32 (``accum_dtype``) from inputs of the compute dtype, as longpack's loss does. Cost beside
+accumulates dW in fp32 (``accum_dtype``) from inputs of the compute dtype, as longpack's loss does, in chunks of
+the largest power of two of tokens whose logits fit the budget longpack's chunks have (``chunk_mem_const``, where
+the installed Liger takes it; its default bounds a chunk's logits to tokens × hidden, ~100 tokens of a 152K
+vocabulary). Cost beside
 longpack's: Liger reads the target count back to the host in forward and compares the incoming gradient with 1 in
 backward — two host synchronisations per micro-batch.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -67,15 +71,33 @@ def liger_refusal(device: torch.device, dtype: torch.dtype, loss_mode: str) -> s
 
 
 def liger_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,
-                        uniform: float) -> torch.Tensor:
+                        uniform: float, chunk_bytes: int) -> torch.Tensor:
     """Σ_t w_t · CE(h_t · Wᵀ, label_t) where every nonzero w_t equals ``uniform``: ``uniform`` · Liger's summed CE
-    over the positions with w_t ≠ 0 (wide scalar: fp32). ``h`` [T, hidden], ``weight`` [vocab, hidden]."""
+    over the positions with w_t ≠ 0 (wide scalar: fp32), a chunk's logits within ``chunk_bytes``. ``h`` [T,
+    hidden], ``weight`` [vocab, hidden]."""
     function = _function()
     if function is None:
         raise RuntimeError("liger_kernel is not importable here: install it (pip install 'longpack[liger]')")
     target = torch.where(w != 0, labels, torch.full_like(labels, IGNORE_INDEX))
     wide = torch.promote_types(h.dtype, torch.float32)
-    # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
-    #  return_z_loss, accum_dtype): positional, as torch.autograd.Function.apply takes them
-    out = function.apply(h, weight, target, None, None, IGNORE_INDEX, 0.0, 0.0, "sum", None, False, wide)
+    (tokens, hidden), vocab = h.shape, weight.shape[0]
+    named = {"ignore_index": IGNORE_INDEX, "reduction": "sum", "accum_dtype": wide,
+             "chunk_mem_const": mem_const(tokens, hidden, vocab, chunk_bytes // (vocab * h.element_size()))}
+    out = function.apply(h, weight, target, *_positional(function, named))
     return out[0].to(wide) * uniform
+
+
+def mem_const(tokens: int, hidden: int, vocab: int, most: int) -> int:
+    """Liger's ``chunk_mem_const`` C that makes its chunk (the next power of two of ⌈T / ⌈V / (C·H)⌉⌉, at most T)
+    the largest power of two of tokens not above ``most``: ⌈V / (C·H)⌉ ≥ m = ⌈T / p⌉ for p that power. C is 1 at
+    least: below that Liger's own bound holds (a chunk's logits about T × H elements, the size of ``h``)."""
+    p = 1 << max(0, int(most).bit_length() - 1)
+    m = math.ceil(tokens / p)
+    return max(1, vocab // (m * hidden) if m > 1 else math.ceil(vocab / hidden))
+
+
+def _positional(function: Any, named: dict[str, Any]) -> list[Any]:
+    """The arguments of Liger's forward after (input, weight, target), positional as ``apply`` takes them: each
+    named one given, the others their defaults; one this Liger does not take is left out."""
+    params = list(inspect.signature(function.forward).parameters.values())[4:]  # after ctx, input, weight, target
+    return [named.get(p.name, p.default) for p in params]
