@@ -181,7 +181,8 @@ def test_hf_empty_and_overlong_rows_are_counted_and_reported(tmp_path, capsys):
     assert rep["empty_rows_dropped"] == 2 and rep["rows"]["empty_rows"] == [6, 7]
     assert rep["dropped_samples"] == long and rep["dropped_tokens"] == sum(n for n in hf_case.LENGTHS if n > 60)
     assert "2 empty rows left out" in rep["line"] and f"{long} dropped" in rep["line"]
-    assert "longpack: data:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "longpack: data:" in err and "longpack: head loss: longpack fused linear cross-entropy" in err
     trainer.train()
     first = next(x for x in trainer.state.log_history if "loss" in x)
     assert first["longpack/empty_rows_dropped"] == 2 and first["longpack/dropped_samples"] == long
@@ -204,6 +205,12 @@ def test_hf_errors_name_the_config_fields_of_this_path(tmp_path):
         LongpackConfig(overlong="cut")
     with pytest.raises(ValueError, match=r"LongpackConfig\(cp=0\)"):
         LongpackConfig(cp=0)
+    with pytest.raises(ValueError, match=r"LongpackConfig\(head_loss='fast'\): choose one of auto, longpack, liger"):
+        LongpackConfig(head_loss="fast")
+    with pytest.raises(ValueError, match=r"LongpackConfig\(head_loss='liger'\): Liger's Triton kernels run on CUDA, "
+                                         r"this run on cpu; use head_loss='auto' or 'longpack'"):
+        LongpackTrainer(model=hf_case.model(), args=hf_case.args(str(tmp_path), 1), train_dataset=_rows_dataset(ids),
+                        longpack=LongpackConfig(global_batch=8, token_cap=64, head_loss="liger"))
     assert config_message("use --max-len or --token-cap") == \
         "use LongpackConfig.max_len or LongpackConfig.token_cap"
     # planner, hardware and options are checked when the config is made, not inside the Trainer

@@ -28,7 +28,10 @@ from ..runspec import RunSpec, build_cost, plan_stream
 from ..runtime.dist import DistContext
 from ..runtime.kernel.data import EpochSource, PlanSampler
 from ..runtime.kernel.engine import engine_attention
+from ..runtime.kernel.head_loss import head_loss_name, loss_head, resolve_head_loss, set_head_loss
+from ..runtime.kernel.liger_loss import liger_refusal
 from ..runtime.kernel.loss import MODES
+from ..runtime.kernel.names import HEAD_LOSSES
 from ..runtime.kernel.runner import model_device
 from ..runtime.kernel.step import check_step
 from ..runtime.kernel.step_fn import StepRunner
@@ -44,8 +47,9 @@ __all__ = ["LongpackConfig", "LongpackMixin", "LongpackTrainer", "longpack_train
 class LongpackConfig:
     """What the plan is made of: planner, sequences per optimizer step (``global_batch``), token cap per rank and
     micro-batch, hardware for the cost model, context-parallel degree, the over-long policy and its limit, loss
-    normalisation (``token_mean`` or ``sequence_mean``, exact over each step), planner options, and how many steps
-    are planned ahead on a background thread while earlier ones train (``plan_ahead``; 0: the whole run first)."""
+    normalisation (``token_mean`` or ``sequence_mean``, exact over each step), planner options, how many steps
+    are planned ahead on a background thread while earlier ones train (``plan_ahead``; 0: the whole run first), and
+    the head's fused loss (``head_loss``: as ``longpack train --head-loss``)."""
 
     planner: str = "unified"
     global_batch: int = 32
@@ -59,6 +63,7 @@ class LongpackConfig:
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     plan_ahead: int = 4
+    head_loss: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "token_cap", "cp"):
@@ -71,6 +76,8 @@ class LongpackConfig:
                              f"{', '.join(OVERLONG_POLICIES)}")
         if self.loss not in MODES:
             raise ValueError(f"LongpackConfig(loss={self.loss!r}): choose one of {', '.join(MODES)}")
+        if self.head_loss not in HEAD_LOSSES:
+            raise ValueError(f"LongpackConfig(head_loss={self.head_loss!r}): choose one of {', '.join(HEAD_LOSSES)}")
         if self.ckpt_layers < 0:
             raise ValueError(f"LongpackConfig(ckpt_layers={self.ckpt_layers}): must be >= 0")
         if not isinstance(self.plan_ahead, int) or self.plan_ahead < 0:
@@ -191,8 +198,10 @@ class LongpackMixin:
             self._lp_rows = EpochSource(self._lp_rows, n)
         check_supported(net, max((self.plan.effective_length(s) for s in self.plan.lengths), default=1))
         self.longpack_report = data_report(self.plan, self._lp_rows)
+        head = self._lp_head(net)
         if rank == 0:
             print(f"longpack: data: {self.longpack_report['line']}", file=sys.stderr, flush=True)
+            print(f"longpack: head loss: {head}", file=sys.stderr, flush=True)
         self._lp_ctx = DistContext(rank=rank, world=world, device=self.args.device)
         self._lp_sampler = PlanSampler(self.plan, rank, steps=len(self._lp_ahead))  # training_step waits itself
         self._lp_sync: Any = None
@@ -200,6 +209,19 @@ class LongpackMixin:
         self._lp_sync_checked = False
         self.longpack_steps: list[dict[str, Any]] = []
         self._logged, self._lp_waited = False, 0.0
+
+    def _lp_head(self, net: Any) -> str:
+        """Put the model's head on ``LongpackConfig.head_loss``'s fused loss (runtime/kernel/head_loss.py) for the
+        device the Trainer trains on; its name. ``liger`` where Liger's cannot run is refused, saying why."""
+        head = loss_head(net)
+        if head is None:
+            return "the model's own (its head is not a bias-free linear layer)"
+        device, dtype = torch.device(self.args.device), head.weight.dtype
+        if self.lp.head_loss == "liger" and (why := liger_refusal(device, dtype, self.lp.loss)):
+            raise ValueError(f"LongpackConfig(head_loss='liger'): {why}; use head_loss='auto' or 'longpack'")
+        chosen = resolve_head_loss(self.lp.head_loss, device, dtype, self.lp.loss)
+        set_head_loss(net, chosen)
+        return head_loss_name(chosen)
 
     def _lp_metrics(self) -> dict[str, float]:
         """The data report's counts and the packing metrics of the steps planned so far (said on the first log)."""
