@@ -84,6 +84,8 @@ def test_liger_runs_only_where_it_gives_the_objective(monkeypatch):
     monkeypatch.setattr(head_loss, "liger_cross_entropy", spy)
     h, weight, labels, w = _case(seed=1)
     head_cross_entropy(h, weight, labels, w, uniform=None)
+    with torch.no_grad():  # evaluation: longpack's logits-only loop
+        head_cross_entropy(h, weight, labels, w, uniform=1 / 41)
     assert calls == []
     out = head_cross_entropy(h, weight, labels, w, uniform=1 / 41)
     assert calls == [1 / 41]

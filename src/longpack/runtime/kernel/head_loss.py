@@ -174,11 +174,12 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
                        chunk: int | None = None, uniform: float | None = None) -> torch.Tensor:
     """Σ_t w_t · cross-entropy(h_t · Wᵀ, label_t), computed ``chunk`` tokens at a time (default
     :func:`chunk_tokens`); ``h`` [T, hidden], ``weight`` [vocab, hidden], ``labels`` [T] (any id where w_t = 0).
-    ``uniform``: the one value of every nonzero w_t, when they share one — then Liger's kernel runs where it can
-    (runtime/kernel/liger_loss.py)."""
-    if uniform is not None and not _fake(h) and liger_runs(h.device, h.dtype):
-        return liger_cross_entropy(h, weight, labels, w, uniform, CHUNK_BYTES)
+    ``uniform``: the one value of every nonzero w_t, when they share one — then, with gradients to make, Liger's
+    kernel runs where it can (runtime/kernel/liger_loss.py; evaluation keeps the logits-only loop below: Liger
+    would allocate a [vocab, hidden] gradient buffer it never fills)."""
     grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)  # none to make in evaluation
+    if grads and uniform is not None and not _fake(h) and liger_runs(h.device, h.dtype):
+        return liger_cross_entropy(h, weight, labels, w, uniform, CHUNK_BYTES)
     return _FusedLinearCrossEntropy.apply(h, weight, labels, w, chunk or chunk_tokens(weight.shape[0]), grads)
 
 
