@@ -7,8 +7,10 @@ The checkpoint is a random-init Qwen2-shaped model (4 layers, hidden 256, GQA 8/
 ``save_pretrained``; the rows are 24 prompt-masked rows of 16-400 tokens and two of 2,500 and 3,000, trained as
 3 steps of 8 rows (every row once). Paths, each a real ``longpack train`` (unified plan) on those files:
 
-* documents — one process, token cap 4,096: whole documents packed, one varlen call per layer;
-* chain — one process, token cap 1,024: the long rows run as chunk chains over the K/V store;
+* documents — one process, token cap 4,096: whole documents packed, one varlen call per layer, longpack's own fused
+  loss (``--head-loss longpack``);
+* chain — one process, token cap 1,024: the long rows run as chunk chains over the K/V store; this path and the
+  next ones on ``--head-loss auto`` (Liger's fused loss where ``liger_kernel`` is installed), each named;
 * with 2 GPUs or more: FSDP2 over 2 ranks, CP 2 (sharded pieces and sharded chains at cap 1,024), PP 2;
 * LongpackTrainer — the Trainer path in this process (constant LR, no clipping, as the reference).
 
@@ -83,7 +85,8 @@ def reference(model_dir: Path, rows_path: Path, steps: int, dtype: str, device: 
 
 def longpack_train(model_dir: Path, rows: Path, steps: int, dtype: str, nproc: int, gpu: bool, cap: int,
                    *flags: str) -> tuple[list[float], str]:
-    """One ``longpack train`` run (torchrun on GPUs, its own --nproc launcher on CPU); per-step losses."""
+    """One ``longpack train`` run (torchrun on GPUs, its own --nproc launcher on CPU); per-step losses, and an
+    error or the head loss that ran (its first record)."""
     cmd = ["-m", "longpack.cli", "train", "--data", str(rows), "--model-path", str(model_dir), "--planner", "unified",
            "--dtype", dtype, "--steps", str(steps), "--global-batch", str(BATCH), "--token-cap", str(cap),
            "--lr", str(LR), "--lr-scheduler", "constant", "--max-grad-norm", "0", "--json", *flags]
@@ -95,7 +98,8 @@ def longpack_train(model_dir: Path, rows: Path, steps: int, dtype: str, nproc: i
     if proc.returncode:
         return [], proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else f"exit {proc.returncode}"
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"step"')]
-    return [float(x["loss"]) for x in lines], ""
+    run = next((json.loads(x)["run"] for x in proc.stdout.splitlines() if x.startswith('{"run"')), {})
+    return [float(x["loss"]) for x in lines], f"head loss: {run.get('head_loss', '?')}"
 
 
 def trainer(model_dir: Path, rows_path: Path, steps: int, dtype: str, gpu: bool) -> list[float]:
@@ -146,7 +150,8 @@ def main() -> None:
     own = reference(model, rows, a.steps, dtype, device)
     tol = max(2 * deviation(own, exact), 1e-3 if gpu else 1e-6)  # bf16 on the GPU; float32 in the dry run
     arms: list[tuple[str, list[float], str]] = [(f"transformers, unpacked ({dtype})", own, "")]
-    arms.append(("documents", *longpack_train(model, rows, a.steps, dtype, 1, gpu, 4096)))
+    # documents on longpack's own fused loss, the rest on --head-loss auto: Liger's where it is installed
+    arms.append(("documents", *longpack_train(model, rows, a.steps, dtype, 1, gpu, 4096, "--head-loss", "longpack")))
     arms.append(("chain", *longpack_train(model, rows, a.steps, dtype, 1, gpu, 1024)))
     if a.ngpu >= 2:
         arms.append(("FSDP2, 2 ranks", *longpack_train(model, rows, a.steps, dtype, 2, gpu, 4096)))
@@ -161,7 +166,8 @@ def main() -> None:
         dev = deviation(losses, exact)
         ok = dev <= tol or name.startswith("transformers")
         failed += not ok
-        shown = error or ", ".join(f"{x:.5f}" for x in losses)
+        shown = ", ".join(f"{x:.5f}" for x in losses) + (f" ({error})" if losses and error else "") \
+            if losses else error
         lines.append(f"| {name} | {shown} | {dev:.2e} | {'yes' if ok else 'NO'} |")
     body = "\n".join(lines)
     print(body)
