@@ -186,9 +186,8 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
 class LossHead(torch.nn.Linear):
     """A bias-free linear LM head that, while :attr:`target` holds (labels [T], weights [T], their one value or
     None), returns the micro-batch's Σ w·CE as a [1] tensor (:func:`head_cross_entropy`, autocast off) in place of
-    the logits. The
-    loss is computed inside the model's forward, so a sharded head (FSDP2) is gathered for it in forward; with no
-    target it is the plain linear layer."""
+    the logits. The loss is computed inside the model's forward, so a sharded head (FSDP2) is gathered for it in
+    forward; with no target it is the plain linear layer."""
 
     target: tuple[torch.Tensor, torch.Tensor, float | None] | None = None
     liger = True  # Liger's kernel where it runs (:func:`set_head_loss`: --head-loss)

@@ -10,9 +10,8 @@ the host, fake tensors) longpack's loss runs; ``--head-loss`` chooses (head_loss
 accumulates dW in fp32 (``accum_dtype``) from inputs of the compute dtype, as longpack's loss does, in chunks of
 the largest power of two of tokens whose logits fit the budget longpack's chunks have (``chunk_mem_const``, where
 the installed Liger takes it; its default bounds a chunk's logits to tokens × hidden, ~100 tokens of a 152K
-vocabulary). Cost beside
-longpack's: Liger reads the target count back to the host in forward and compares the incoming gradient with 1 in
-backward — two host synchronisations per micro-batch.
+vocabulary). Cost beside longpack's: Liger reads the target count back to the host in forward and compares the
+incoming gradient with 1 in backward — two host synchronisations per micro-batch.
 """
 
 from __future__ import annotations
