@@ -7,12 +7,12 @@ gradient d = w_t · (softmax_t − onehot(label_t)); dh_c = d · W and dW += d�
 accumulation across chunks; TF32 nowhere). dh and dW (rounded once to the weight's dtype) are what backward keeps;
 backward scales them by the incoming gradient. Under ``no_grad`` (evaluation) only the logits product runs.
 
-Memory: one chunk's fp32 logits (every step of the softmax in place in it), its copy in the compute dtype, the fp32
-dW accumulator, and dh (the size of h, which is not kept). The chunk is
-:data:`~longpack.cost.RUNTIME_HEAD_CHUNK_BYTES` of fp32 logits, the budget the cost model prices (1 GiB: 1,766
-tokens of Qwen's 152K vocabulary). FLOPs: 6 · T · hidden · vocab for forward and backward (2 for the logits, 2 for
-dh, 2 for dW). Exact: the same sums as ``F.cross_entropy`` over whole logits, in chunks (float64 parity tests;
-float32 within 1e-6).
+Memory: one chunk's fp32 logits (every softmax step in place in it), its copy in the compute dtype, the fp32 dW
+accumulator and dh (the size of h, not kept); a chunk is :data:`~longpack.cost.RUNTIME_HEAD_CHUNK_BYTES` of fp32
+logits, the budget the cost model prices (1 GiB: 1,766 tokens of Qwen's 152K vocabulary). FLOPs: 6 · T · hidden ·
+vocab for forward and backward (2 each for the logits, dh and dW). Exact: the same sums as ``F.cross_entropy`` over
+whole logits, in chunks (float64 parity tests; float32 within 1e-6). Liger's kernel runs instead where it gives the
+same objective (runtime/kernel/liger_loss.py; ``--head-loss``).
 """
 
 from __future__ import annotations
