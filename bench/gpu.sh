@@ -9,6 +9,7 @@
 #   bench/gpu.sh                   # on a machine with a CUDA GPU; BUDGET_S seconds in all (default 540)
 #   DRYRUN=1 bench/gpu.sh          # the same driver on the CPU, tiny shapes: checks the script end to end
 #   WRITE=1 bench/gpu.sh           # also write the tables into docs/BENCHMARKS.md
+#   MODELS=qwen2.5-1.5b bench/gpu.sh   # one model (both do not fit one 540 s budget: a second session runs this)
 #
 # Wheels the GPU image lacks (datasets, trl, liger-kernel): bench/gpu_wheels.sh puts them in bench/wheels here
 # (git-ignored: name bench/wheels in the device call's carry); this script installs them with --no-deps first. The
@@ -25,6 +26,7 @@ if [ "${DRYRUN:-0}" != "1" ]; then  # the GPU machine's image: the wheels it lac
 fi
 ARGS=("$OUT" --budget "${BUDGET_S:-540}")
 [ "${DRYRUN:-0}" = "1" ] && ARGS+=(--dry-run)
+[ -n "${MODELS:-}" ] && ARGS+=(--models "$MODELS")
 [ "${WRITE:-0}" = "1" ] && ARGS+=(--write)
 echo "bench/gpu.sh: outputs in $OUT"
 exec "$PY" bench/gpu_run.py "${ARGS[@]}"

@@ -49,15 +49,20 @@ def model_flops(spec, docs: list[int]) -> float:  # noqa: ANN001
                 + pairs * spec.layers * spec.attn_flops_per_pair)
 
 
-def setups(dry: bool) -> list[dict]:
-    """(model, row set) pairs in the order they run, headline first."""
+def setups(dry: bool, models: list[str] | None = None) -> list[dict]:
+    """(model, row set) pairs in the order they run, headline first; ``models``: those of these models only (the
+    dry run's tiny model stands for each)."""
     if dry:
         return [{"model": "tiny-qwen", "rows": "lmsys-chat-1m", "steps": 3, "batch": 8, "cap": 2048, "max_len": 2048,
                  "ckpt_above": 1024},
                 {"model": "tiny-qwen", "rows": "tiny-longtail", "steps": 3, "batch": 8, "cap": 2048, "max_len": 4096,
                  "ckpt_above": 1024}]
+    known = ("qwen2.5-0.5b", "qwen2.5-1.5b")
+    odd = [m for m in models or () if m not in known]
+    if odd:
+        raise SystemExit(f"bench/gpu_run.py: --models {','.join(odd)}: choose among {', '.join(known)}")
     out = []
-    for model in ("qwen2.5-0.5b", "qwen2.5-1.5b"):
+    for model in [m for m in known if not models or m in models]:
         out.append({"model": model, "rows": "lmsys-chat-1m", "steps": 8, "batch": 64, "cap": 16384,
                     "max_len": 16384, "ckpt_above": 16384})
         out.append({"model": model, "rows": "chatqa2-long-sft", "steps": 6, "batch": 16, "cap": 16384,
@@ -129,6 +134,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole script")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b",
+                    help="the models to run, in order (both do not fit one 540 s budget: a second GPU session can "
+                         "run --models qwen2.5-1.5b)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     deadline = t0 + args.budget
@@ -148,7 +156,8 @@ def main() -> None:
     register_kernel()
     have = {"hf_liger": _imports("liger_kernel") and gpu, "trl_bfd": _imports("trl")}  # Liger: Triton on CUDA
     have[OWN_LOSS] = have["hf_liger"]  # else the headline arm ran longpack's own loss already
-    schedule = [(s, a) for s in setups(args.dry_run) for a in ARMS] + [(setups(args.dry_run)[0], OWN_LOSS)]
+    chosen = setups(args.dry_run, args.models.split(","))
+    schedule = [(s, a) for s in chosen for a in ARMS] + [(chosen[0], OWN_LOSS)]
     print(f"gpu_run: {name}; budget {args.budget:.0f} s; {len(schedule)} arms; "
           f"liger {'yes' if have['hf_liger'] else 'absent' if gpu else 'not on the CPU'}, "
           f"trl {'yes' if have['trl_bfd'] else 'absent'}", flush=True)
