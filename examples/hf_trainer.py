@@ -17,8 +17,8 @@ import torch
 import transformers
 
 from longpack.hf import LongpackConfig, LongpackTrainer
-from longpack.runtime.kernel.data import SyntheticCorpus
 from longpack.runtime.dist import leave
+from longpack.runtime.kernel.data import SyntheticCorpus
 from longpack.workloads import generate
 
 
