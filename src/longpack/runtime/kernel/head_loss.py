@@ -105,12 +105,10 @@ _ACCUMULATES: dict[tuple[str, torch.dtype, torch.dtype], bool] = {}
 def _accumulates(device: torch.device, dtype: torch.dtype, wide: torch.dtype) -> bool:
     """Whether ``addmm(acc, a, b, out_dtype=wide, out=acc)`` adds into ``acc`` on this device: a 2x2 product
     checked once (one host read per process); under fake tensors (a dry run) assumed."""
-    from torch._subclasses.fake_tensor import is_fake
-
     key = (device.type, dtype, wide)
     if key not in _ACCUMULATES:
         acc = torch.ones(2, 2, dtype=wide, device=device)
-        if is_fake(acc) or device.type != "cuda":
+        if _fake(acc) or device.type != "cuda":
             return True
         one = torch.eye(2, dtype=dtype, device=device)
         try:
